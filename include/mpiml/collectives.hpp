@@ -1,0 +1,211 @@
+// allreduce, broadcast and the seed's mpi_op / mpi_sum / mpi_avg.
+//
+// Typed templates over a small type-erased core (detail::allreduce,
+// detail::broadcast), so that every collective goes through one place that
+// checks arguments, runs the watchdog, the mismatch check and the profiler.
+#pragma once
+
+#include <mpiml/datatype.hpp>
+#include <mpiml/error.hpp>
+#include <mpiml/session.hpp>
+
+#include <cstddef>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace mpiml {
+
+/// Reduction operations (MPI's built-ins).
+enum class Op { sum, prod, min, max, land, lor, lxor, band, bor, bxor };
+
+/// An operation argument: an mpiml::Op or a raw MPI_Op. Raw built-in MPI ops
+/// are recognized, so they get the same type checks as Op.
+class ReduceOp {
+public:
+    ReduceOp(Op op);      // NOLINT: implicit on purpose
+    ReduceOp(MPI_Op op);  // NOLINT: implicit on purpose
+    MPI_Op native() const { return native_; }
+    std::optional<Op> known() const { return known_; }
+    const char* name() const;
+
+private:
+    MPI_Op native_;
+    std::optional<Op> known_;
+};
+
+const char* op_name(Op op);
+
+/// Contiguous, sized range of an MPI element type (std::vector, std::array,
+/// std::span, C array, ...).
+template <class R>
+concept MpiRange = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
+                   MpiType<std::ranges::range_value_t<R>>;
+
+/// An MpiRange whose elements can be written.
+template <class R>
+concept MutableMpiRange =
+    MpiRange<R> && !std::is_const_v<std::remove_reference_t<std::ranges::range_reference_t<R>>>;
+
+template <class R>
+using range_elem_t = std::remove_cv_t<std::ranges::range_value_t<R>>;
+
+namespace detail {
+/// The type-erased core. send may be MPI_IN_PLACE. count may exceed INT_MAX.
+void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type,
+               TypeClass cls, const ReduceOp& op, MPI_Comm comm, const char* call);
+void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Comm comm,
+               const char* call);
+/// Gathers count elements from every rank into recv (count * size elements).
+void allgather(const void* send, void* recv, std::size_t count, MPI_Datatype type,
+               MPI_Comm comm, const char* call);
+void barrier(MPI_Comm comm, const char* call);
+
+template <class T>
+constexpr TypeClass type_class_of() {
+    return mpi_type_traits<std::remove_cv_t<T>>::type_class;
+}
+}  // namespace detail
+
+// ---------------------------------------------------------------- allreduce
+
+/// allreduce(send, recv, op): recv[i] = op over ranks of send[i].
+/// send and recv must hold the same number of elements of the same type.
+template <MpiRange S, MutableMpiRange R>
+void allreduce(const S& send, R&& recv, ReduceOp op, Comm comm = {}) {
+    using T = range_elem_t<S>;
+    static_assert(std::is_same_v<T, range_elem_t<R>>,
+                  "mpiml::allreduce: send and recv must have the same element type");
+    const auto n = std::ranges::size(send);
+    if (n != std::ranges::size(recv))
+        detail::fail("mpiml::allreduce", "send has " + std::to_string(n) +
+                                             " elements but recv has " +
+                                             std::to_string(std::ranges::size(recv)));
+    detail::allreduce(std::ranges::data(send), std::ranges::data(recv), n, mpi_datatype<T>(),
+                      detail::type_class_of<T>(), op, comm.get(), "mpiml::allreduce");
+}
+
+/// Scalar allreduce(send, recv, op).
+template <MpiType T>
+void allreduce(const T& send, T& recv, ReduceOp op, Comm comm = {}) {
+    detail::allreduce(&send, &recv, 1, mpi_datatype<T>(), detail::type_class_of<T>(), op,
+                      comm.get(), "mpiml::allreduce");
+}
+
+/// In-place allreduce(x, op) of a range.
+template <MutableMpiRange R>
+void allreduce(R&& x, ReduceOp op, Comm comm = {}) {
+    using T = range_elem_t<R>;
+    detail::allreduce(MPI_IN_PLACE, std::ranges::data(x), std::ranges::size(x),
+                      mpi_datatype<T>(), detail::type_class_of<T>(), op, comm.get(),
+                      "mpiml::allreduce");
+}
+
+/// In-place allreduce(x, op) of a scalar.
+template <MpiType T>
+void allreduce(T& x, ReduceOp op, Comm comm = {}) {
+    detail::allreduce(MPI_IN_PLACE, &x, 1, mpi_datatype<T>(), detail::type_class_of<T>(), op,
+                      comm.get(), "mpiml::allreduce");
+}
+
+// ---------------------------------------------------------------- broadcast
+
+/// broadcast(x, root): x becomes root's x on every rank (in place).
+template <MpiType T>
+void broadcast(T& x, int root = 0, Comm comm = {}) {
+    detail::broadcast(&x, 1, mpi_datatype<T>(), root, comm.get(), "mpiml::broadcast");
+}
+
+/// In-place broadcast of a range; every rank must pass the same length.
+template <MutableMpiRange R>
+    requires(!std::is_same_v<std::remove_cvref_t<R>, std::string>)
+void broadcast(R&& x, int root = 0, Comm comm = {}) {
+    detail::broadcast(std::ranges::data(x), std::ranges::size(x), mpi_datatype<range_elem_t<R>>(),
+                      root, comm.get(), "mpiml::broadcast");
+}
+
+/// Broadcast of a string; other ranks' strings are resized to root's.
+void broadcast(std::string& s, int root = 0, Comm comm = {});
+
+// ------------------------------------------------- seed: mpi_op, sum, avg
+
+/// mpi_op(x, op): the reduction of scalar x over all ranks, same type as x.
+template <MpiType T>
+T mpi_op(const T& x, ReduceOp op, Comm comm = {}) {
+    T out{};
+    detail::allreduce(&x, &out, 1, mpi_datatype<T>(), detail::type_class_of<T>(), op,
+                      comm.get(), "mpiml::mpi_op");
+    return out;
+}
+
+/// mpi_op(x, op) of a range: a new vector, same element type as x.
+template <MpiRange R>
+std::vector<range_elem_t<R>> mpi_op(const R& x, ReduceOp op, Comm comm = {}) {
+    using T = range_elem_t<R>;
+    std::vector<T> out(std::ranges::size(x));
+    detail::allreduce(std::ranges::data(x), out.data(), out.size(), mpi_datatype<T>(),
+                      detail::type_class_of<T>(), op, comm.get(), "mpiml::mpi_op");
+    return out;
+}
+
+/// Sum of a scalar or range over all ranks (element type preserved).
+template <class X>
+    requires MpiType<X> || MpiRange<X>
+auto mpi_sum(const X& x, Comm comm = {}) {
+    return mpi_op(x, Op::sum, comm);
+}
+
+/// Result type of mpi_avg: double for integers and bool, else the type itself.
+template <class T>
+using avg_t = std::conditional_t<detail::type_class_of<T>() == TypeClass::integer ||
+                                     detail::type_class_of<T>() == TypeClass::logical,
+                                 double, T>;
+
+/// Average of a scalar over all ranks. Integers average to double.
+template <MpiType T>
+avg_t<T> mpi_avg(const T& x, Comm comm = {}) {
+    const MPI_Comm c = comm.get();
+    const avg_t<T> v = static_cast<avg_t<T>>(x);
+    avg_t<T> sum{};
+    detail::allreduce(&v, &sum, 1, mpi_datatype<avg_t<T>>(),
+                      detail::type_class_of<avg_t<T>>(), Op::sum, c, "mpiml::mpi_avg");
+    return sum / static_cast<avg_t<T>>(num_procs(c));
+}
+
+/// Elementwise average of a range over all ranks: a new vector.
+template <MpiRange R>
+std::vector<avg_t<range_elem_t<R>>> mpi_avg(const R& x, Comm comm = {}) {
+    using T = range_elem_t<R>;
+    using A = avg_t<T>;
+    const MPI_Comm c = comm.get();
+    std::vector<A> out;
+    if constexpr (std::is_same_v<A, T>) {
+        out.resize(std::ranges::size(x));
+        detail::allreduce(std::ranges::data(x), out.data(), out.size(), mpi_datatype<A>(),
+                          detail::type_class_of<A>(), Op::sum, c, "mpiml::mpi_avg");
+    } else {
+        out.assign(std::ranges::begin(x), std::ranges::end(x));
+        detail::allreduce(MPI_IN_PLACE, out.data(), out.size(), mpi_datatype<A>(),
+                          detail::type_class_of<A>(), Op::sum, c, "mpiml::mpi_avg");
+    }
+    const A n = static_cast<A>(num_procs(c));
+    for (auto& v : out) v /= n;
+    return out;
+}
+
+/// Blocks until every rank of comm has called it.
+void barrier(Comm comm = {});
+
+/// Every rank's value, in rank order.
+template <MpiType T>
+std::vector<T> allgather(const T& x, Comm comm = {}) {
+    const MPI_Comm c = comm.get();
+    std::vector<T> out(static_cast<std::size_t>(num_procs(c)));
+    detail::allgather(&x, out.data(), 1, mpi_datatype<T>(), c, "mpiml::allgather");
+    return out;
+}
+
+}  // namespace mpiml

@@ -1,0 +1,11 @@
+// mpiml: MPI tools for data-parallel machine learning (everything but torch).
+#pragma once
+
+#include <mpiml/collectives.hpp>
+#include <mpiml/datatype.hpp>
+#include <mpiml/error.hpp>
+#include <mpiml/failure.hpp>
+#include <mpiml/launch.hpp>
+#include <mpiml/print.hpp>
+#include <mpiml/session.hpp>
+#include <mpiml/stats.hpp>

@@ -1,0 +1,60 @@
+// Distributed statistics of a scalar sampled on every rank.
+#pragma once
+
+#include <mpiml/collectives.hpp>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace mpiml {
+
+/// Pooled statistics over all ranks' samples. std is the population standard
+/// deviation (as the seed's). min and max are always filled in.
+struct Statistics {
+    double mean = 0.0;
+    double std = 0.0;
+    double min = 0.0;
+    double max = 0.0;
+    std::uint64_t count = 0;
+};
+
+namespace detail {
+/// One rank's summary: count, mean, sum of squared deviations, min, max.
+struct Moments {
+    std::uint64_t count = 0;
+    double mean = 0.0;
+    double m2 = 0.0;
+    double min = 0.0;
+    double max = 0.0;
+};
+Moments local_moments(const double* x, std::size_t n);
+template <class T>
+Moments local_moments(const T* x, std::size_t n);
+/// Chan et al.'s pairwise combination.
+Moments combine(const Moments& a, const Moments& b);
+Statistics reduce_moments(const Moments& local, MPI_Comm comm, const char* call);
+}  // namespace detail
+
+/// mpi_statistics_scalar(x, with_min_and_max): mean and std (and min, max) of
+/// every rank's samples pooled, in one collective, accumulated in double.
+/// Ranks may hold different numbers of samples, including none. If no rank
+/// has any sample, every rank throws mpiml::Error.
+/// with_min_and_max is accepted for the seed's signature; min and max are
+/// computed either way at no extra cost.
+template <MpiRange R>
+Statistics mpi_statistics_scalar(const R& x, bool with_min_and_max = false, Comm comm = {}) {
+    (void)with_min_and_max;
+    const auto* p = std::ranges::data(x);
+    const auto n = std::ranges::size(x);
+    return detail::reduce_moments(detail::local_moments(p, n), comm.get(),
+                                  "mpiml::mpi_statistics_scalar");
+}
+
+template <class T>
+detail::Moments detail::local_moments(const T* x, std::size_t n) {
+    std::vector<double> d(x, x + n);
+    return local_moments(d.data(), d.size());
+}
+
+}  // namespace mpiml
