@@ -53,6 +53,7 @@ public:
     int thread_level() const;  ///< the level MPI provided
 
 private:
+    void start(int* argc, char*** argv, const SessionOptions& opts);
     bool owns_ = false;
     MPI_Comm previous_comm_ = MPI_COMM_NULL;
 };

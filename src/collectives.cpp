@@ -1,0 +1,286 @@
+// The type-erased collective core: every mpiml collective goes through here.
+#include "internal.hpp"
+
+#include <mpiml/collectives.hpp>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace mpiml {
+
+ReduceOp::ReduceOp(Op op) : known_(op) {
+    static const MPI_Op table[] = {MPI_SUM, MPI_PROD, MPI_MIN,  MPI_MAX, MPI_LAND,
+                                   MPI_LOR, MPI_LXOR, MPI_BAND, MPI_BOR, MPI_BXOR};
+    const auto i = static_cast<std::size_t>(op);
+    if (i >= std::size(table)) detail::fail("mpiml::ReduceOp", "invalid mpiml::Op value");
+    native_ = table[i];
+}
+
+ReduceOp::ReduceOp(MPI_Op op) : native_(op) {
+    const Op all[] = {Op::sum, Op::prod, Op::min,  Op::max, Op::land,
+                      Op::lor, Op::lxor, Op::band, Op::bor, Op::bxor};
+    for (Op o : all)
+        if (ReduceOp(o).native() == op) known_ = o;
+}
+
+const char* op_name(Op op) {
+    static const char* names[] = {"sum", "prod", "min", "max", "land", "lor", "lxor", "band",
+                                  "bor", "bxor"};
+    return names[static_cast<int>(op)];
+}
+
+const char* ReduceOp::name() const {
+    if (known_) return op_name(*known_);
+    return native_ == MPI_OP_NULL ? "MPI_OP_NULL" : "user-defined MPI_Op";
+}
+
+namespace detail {
+namespace {
+
+void check_op(const ReduceOp& op, TypeClass cls, MPI_Datatype type, const char* call) {
+    if (op.native() == MPI_OP_NULL) fail(call, "operation is MPI_OP_NULL");
+    if (!op.known()) return;  // user-defined: MPI decides
+    bool ok = true;
+    switch (*op.known()) {
+        case Op::sum:
+        case Op::prod: ok = cls != TypeClass::logical; break;
+        case Op::min:
+        case Op::max: ok = cls == TypeClass::integer || cls == TypeClass::floating; break;
+        case Op::land:
+        case Op::lor:
+        case Op::lxor: ok = cls == TypeClass::integer || cls == TypeClass::logical; break;
+        case Op::band:
+        case Op::bor:
+        case Op::bxor: ok = cls == TypeClass::integer; break;
+    }
+    if (!ok)
+        fail(call, std::string("operation '") + op.name() + "' is not defined for element type " +
+                       datatype_name(type));
+}
+
+int op_id(const ReduceOp& op) { return op.known() ? static_cast<int>(*op.known()) : 99; }
+
+// Built-in datatypes by a small id that is the same on every rank.
+const std::vector<MPI_Datatype>& type_table() {
+    static const std::vector<MPI_Datatype> table = {
+        MPI_SIGNED_CHAR, MPI_UNSIGNED_CHAR, MPI_SHORT,  MPI_UNSIGNED_SHORT, MPI_INT,
+        MPI_UNSIGNED,    MPI_LONG,          MPI_UNSIGNED_LONG, MPI_LONG_LONG,
+        MPI_UNSIGNED_LONG_LONG, MPI_WCHAR,  MPI_FLOAT,  MPI_DOUBLE,  MPI_LONG_DOUBLE,
+        MPI_CXX_BOOL,    MPI_CXX_FLOAT_COMPLEX, MPI_CXX_DOUBLE_COMPLEX, MPI_CHAR, MPI_BYTE,
+        MPI_INT8_T,      MPI_INT16_T,       MPI_INT32_T, MPI_INT64_T,  MPI_UINT8_T,
+        MPI_UINT16_T,    MPI_UINT32_T,      MPI_UINT64_T};
+    return table;
+}
+
+int type_id(MPI_Datatype t) {
+    const auto& table = type_table();
+    const auto it = std::find(table.begin(), table.end(), t);
+    return it == table.end() ? 99 : static_cast<int>(it - table.begin());
+}
+
+MPI_Datatype type_by_id(std::int64_t id) {
+    const auto& table = type_table();
+    return id >= 0 && id < static_cast<std::int64_t>(table.size()) ? table[id] : MPI_DATATYPE_NULL;
+}
+
+int seq_keyval = MPI_KEYVAL_INVALID;
+int delete_seq(MPI_Comm, int, void* value, void*) {
+    delete static_cast<std::uint64_t*>(value);
+    return MPI_SUCCESS;
+}
+
+constexpr std::size_t max_chunk = std::size_t{1} << 30;  // elements per MPI call
+
+void check_root(int root, MPI_Comm comm, const char* call) {
+    int size = 0;
+    check_mpi(MPI_Comm_size(comm, &size), call);
+    if (root < 0 || root >= size)
+        fail(call, "root " + std::to_string(root) + " is out of range for a communicator of " +
+                       std::to_string(size) + " ranks");
+}
+
+}  // namespace
+
+const char* kind_name(Kind k) {
+    switch (k) {
+        case Kind::allreduce: return "allreduce";
+        case Kind::broadcast: return "broadcast";
+        case Kind::allgather: return "allgather";
+        case Kind::barrier: return "barrier";
+    }
+    return "collective";
+}
+
+std::string describe(const CallInfo& c) {
+    std::string s = kind_name(c.kind);
+    if (c.kind == Kind::barrier) return s;
+    s += "(count=" + std::to_string(c.count) + ", type=" + datatype_name(c.type);
+    if (c.op_id >= 0)
+        s += std::string(", op=") + (c.op_id < 10 ? op_name(static_cast<Op>(c.op_id)) : "user-defined");
+    if (c.root >= 0) s += ", root=" + std::to_string(c.root);
+    return s + ")";
+}
+
+std::uint64_t next_sequence(MPI_Comm comm) {
+    if (seq_keyval == MPI_KEYVAL_INVALID)
+        check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_seq, &seq_keyval, nullptr),
+                  "MPI_Comm_create_keyval");
+    void* v = nullptr;
+    int flag = 0;
+    MPI_Comm_get_attr(comm, seq_keyval, &v, &flag);
+    if (!flag) {
+        v = new std::uint64_t(0);
+        MPI_Comm_set_attr(comm, seq_keyval, v);
+    }
+    return ++*static_cast<std::uint64_t*>(v);
+}
+
+void check_consistent(const CallInfo& info, std::uint64_t seq) {
+    constexpr int n = 5;
+    const std::int64_t sig[n] = {static_cast<std::int64_t>(info.kind),
+                                 static_cast<std::int64_t>(info.count), type_id(info.type),
+                                 info.op_id, info.root};
+    std::int64_t buf[2 * n];
+    for (int i = 0; i < n; ++i) {
+        buf[i] = sig[i];
+        buf[n + i] = -sig[i];
+    }
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, 2 * n, MPI_INT64_T, MPI_MAX, info.comm),
+              info.call);
+    bool same = true;
+    for (int i = 0; i < n; ++i) same = same && buf[i] == -buf[n + i];
+    if (same) return;
+
+    // Every rank saw the mismatch: gather who called what, and say so.
+    int size = 0;
+    MPI_Comm_size(info.comm, &size);
+    std::vector<std::int64_t> all(static_cast<std::size_t>(n) * size);
+    check_mpi(MPI_Allgather(sig, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, info.comm),
+              info.call);
+    std::map<std::vector<std::int64_t>, std::vector<int>> groups;
+    for (int r = 0; r < size; ++r)
+        groups[std::vector<std::int64_t>(all.begin() + r * n, all.begin() + (r + 1) * n)]
+            .push_back(r);
+    std::string text = "mismatched collectives (call #" + std::to_string(seq) +
+                       " on this communicator): ";
+    bool first = true;
+    for (const auto& [s, ranks] : groups) {
+        if (!first) text += "; ";
+        first = false;
+        text += ranks.size() == 1 ? "rank " : "ranks ";
+        for (std::size_t i = 0; i < ranks.size(); ++i)
+            text += (i ? "," : "") + std::to_string(ranks[i]);
+        CallInfo c = info;
+        c.kind = static_cast<Kind>(s[0]);
+        c.count = static_cast<std::size_t>(s[1]);
+        c.op_id = static_cast<int>(s[3]);
+        c.root = static_cast<int>(s[4]);
+        c.type = type_by_id(s[2]);
+        text += " called " + describe(c);
+    }
+    fail(info.call, text);
+}
+
+CollectiveScope::CollectiveScope(const CallInfo& info) {
+    const auto& s = state();
+    if (!s.check && s.timeout <= 0) return;
+    const std::uint64_t seq = next_sequence(info.comm);
+    if (s.timeout > 0) {
+        watchdog_arm(info, seq);
+        armed_ = true;
+        if (info.comm == MPI_COMM_WORLD) arrival_mark(seq);
+    }
+    if (s.check) {
+        try {
+            check_consistent(info, seq);
+        } catch (...) {
+            if (armed_) watchdog_disarm();
+            throw;
+        }
+    }
+}
+
+CollectiveScope::~CollectiveScope() {
+    if (armed_) watchdog_disarm();
+}
+
+void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type, TypeClass cls,
+               const ReduceOp& op, MPI_Comm comm, const char* call) {
+    ensure_initialized();
+    check_op(op, cls, type, call);
+    if (count > 0 && recv == nullptr) fail(call, "recv buffer is null");
+    int tsize = 0;
+    check_mpi(MPI_Type_size(type, &tsize), call);
+    const auto bytes = count * static_cast<std::size_t>(tsize);
+    if (send == recv) send = MPI_IN_PLACE;
+    if (send != MPI_IN_PLACE && count > 0) {
+        if (send == nullptr) fail(call, "send buffer is null");
+        const auto* s = static_cast<const char*>(send);
+        const auto* r = static_cast<const char*>(recv);
+        if (s < r + bytes && r < s + bytes)
+            fail(call, "send and recv buffers overlap; use the in-place overload");
+    }
+    CollectiveScope scope({Kind::allreduce, call, count, type, op_id(op), -1, comm});
+    std::size_t done = 0;
+    do {
+        const std::size_t n = std::min(count - done, max_chunk);
+        const void* s = send == MPI_IN_PLACE ? MPI_IN_PLACE
+                                             : static_cast<const char*>(send) + done * tsize;
+        void* r = static_cast<char*>(recv) + done * tsize;
+        check_mpi(MPI_Allreduce(s, r, static_cast<int>(n), type, op.native(), comm), call);
+        done += n;
+    } while (done < count);
+}
+
+void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Comm comm,
+               const char* call) {
+    ensure_initialized();
+    check_root(root, comm, call);
+    if (count > 0 && buf == nullptr) fail(call, "buffer is null");
+    int tsize = 0;
+    check_mpi(MPI_Type_size(type, &tsize), call);
+    CollectiveScope scope({Kind::broadcast, call, count, type, -1, root, comm});
+    std::size_t done = 0;
+    do {
+        const std::size_t n = std::min(count - done, max_chunk);
+        check_mpi(MPI_Bcast(static_cast<char*>(buf) + done * tsize, static_cast<int>(n), type,
+                            root, comm),
+                  call);
+        done += n;
+    } while (done < count);
+}
+
+void allgather(const void* send, void* recv, std::size_t count, MPI_Datatype type,
+               MPI_Comm comm, const char* call) {
+    ensure_initialized();
+    if (count > static_cast<std::size_t>(INT_MAX))
+        fail(call, "more than INT_MAX elements per rank");
+    CollectiveScope scope({Kind::allgather, call, count, type, -1, -1, comm});
+    check_mpi(MPI_Allgather(send, static_cast<int>(count), type, recv, static_cast<int>(count),
+                            type, comm),
+              call);
+}
+
+void barrier(MPI_Comm comm, const char* call) {
+    ensure_initialized();
+    CollectiveScope scope({Kind::barrier, call, 0, MPI_DATATYPE_NULL, -1, -1, comm});
+    check_mpi(MPI_Barrier(comm), call);
+}
+
+}  // namespace detail
+
+void barrier(Comm comm) { detail::barrier(comm.get(), "mpiml::barrier"); }
+
+void broadcast(std::string& s, int root, Comm comm) {
+    const MPI_Comm c = comm.get();
+    unsigned long long n = s.size();
+    detail::broadcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, c, "mpiml::broadcast");
+    s.resize(n);
+    detail::broadcast(s.data(), s.size(), MPI_CHAR, root, c, "mpiml::broadcast");
+}
+
+}  // namespace mpiml

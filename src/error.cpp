@@ -1,0 +1,75 @@
+#include <mpiml/datatype.hpp>
+#include <mpiml/error.hpp>
+
+#include <mpi.h>
+
+namespace mpiml {
+namespace {
+int world_rank_or(int fallback, int* size = nullptr) {
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    if (!init || fin) return fallback;
+    int r = fallback;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    if (size) MPI_Comm_size(MPI_COMM_WORLD, size);
+    return r;
+}
+}  // namespace
+
+Error::Error(std::string call, std::string what, int mpi_code)
+    : std::runtime_error(call + " on " + detail::rank_tag() + ": " + what),
+      call_(std::move(call)),
+      rank_(world_rank_or(-1)),
+      mpi_code_(mpi_code) {}
+
+namespace detail {
+
+std::string rank_tag() {
+    int size = 0;
+    const int r = world_rank_or(-1, &size);
+    if (r < 0) return "rank ?";
+    return "rank " + std::to_string(r) + "/" + std::to_string(size);
+}
+
+void check_mpi(int rc, const char* call) {
+    if (rc == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING] = {};
+    int len = 0;
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
+    int cls = rc;
+    MPI_Error_class(rc, &cls);
+    throw Error(call, "MPI error " + std::to_string(cls) + ": " + std::string(text, len), rc);
+}
+
+void fail(const char* call, const std::string& what) { throw Error(call, what); }
+
+}  // namespace detail
+
+const char* datatype_name(MPI_Datatype t) {
+    struct Entry {
+        MPI_Datatype t;
+        const char* name;
+    };
+    static const Entry table[] = {
+        {MPI_SIGNED_CHAR, "signed char"},     {MPI_UNSIGNED_CHAR, "unsigned char"},
+        {MPI_SHORT, "short"},                 {MPI_UNSIGNED_SHORT, "unsigned short"},
+        {MPI_INT, "int"},                     {MPI_UNSIGNED, "unsigned int"},
+        {MPI_LONG, "long"},                   {MPI_UNSIGNED_LONG, "unsigned long"},
+        {MPI_LONG_LONG, "long long"},         {MPI_UNSIGNED_LONG_LONG, "unsigned long long"},
+        {MPI_WCHAR, "wchar_t"},               {MPI_FLOAT, "float"},
+        {MPI_DOUBLE, "double"},               {MPI_LONG_DOUBLE, "long double"},
+        {MPI_CXX_BOOL, "bool"},               {MPI_CXX_FLOAT_COMPLEX, "complex<float>"},
+        {MPI_CXX_DOUBLE_COMPLEX, "complex<double>"}, {MPI_CHAR, "char"},
+        {MPI_BYTE, "byte"},                   {MPI_INT8_T, "int8_t"},
+        {MPI_INT16_T, "int16_t"},             {MPI_INT32_T, "int32_t"},
+        {MPI_INT64_T, "int64_t"},             {MPI_UINT8_T, "uint8_t"},
+        {MPI_UINT16_T, "uint16_t"},           {MPI_UINT32_T, "uint32_t"},
+        {MPI_UINT64_T, "uint64_t"},
+    };
+    for (const auto& e : table)
+        if (e.t == t) return e.name;
+    return "MPI datatype";
+}
+
+}  // namespace mpiml

@@ -1,0 +1,150 @@
+// Abort on failure: print one clear line, then MPI_Abort the whole job.
+#include "internal.hpp"
+
+#include <mpiml/failure.hpp>
+#include <mpiml/session.hpp>
+
+#include <cxxabi.h>
+#include <execinfo.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <typeinfo>
+
+namespace mpiml {
+namespace {
+
+void write_all(const char* s, std::size_t n) {
+    while (n > 0) {
+        const ssize_t k = ::write(2, s, n);
+        if (k <= 0) return;
+        s += k;
+        n -= static_cast<std::size_t>(k);
+    }
+}
+
+// Formats "[mpiml] rank R/N: " without allocating (signal handlers use it).
+std::size_t format_prefix(char* buf, std::size_t cap) {
+    const auto& s = detail::state();
+    if (s.world_rank >= 0)
+        return static_cast<std::size_t>(
+            std::snprintf(buf, cap, "[mpiml] rank %d/%d: ", s.world_rank, s.world_size));
+    return static_cast<std::size_t>(std::snprintf(buf, cap, "[mpiml] rank ?: "));
+}
+
+void print_backtrace() {
+    void* frames[48];
+    const int n = ::backtrace(frames, 48);
+    if (n > 0) {
+        static const char head[] = "[mpiml] backtrace:\n";
+        write_all(head, sizeof head - 1);
+        ::backtrace_symbols_fd(frames, n, 2);
+    }
+}
+
+[[noreturn]] void abort_mpi(int code) {
+    if (is_initialized() && !is_finalized()) MPI_Abort(MPI_COMM_WORLD, code);
+    ::_exit(code);
+}
+
+std::string current_exception_text() {
+    std::string type = "unknown type";
+    if (const std::type_info* t = abi::__cxa_current_exception_type()) {
+        int status = 0;
+        char* d = abi::__cxa_demangle(t->name(), nullptr, nullptr, &status);
+        type = status == 0 && d ? d : t->name();
+        std::free(d);
+    }
+    try {
+        if (auto e = std::current_exception()) std::rethrow_exception(e);
+        return "std::terminate called without an active exception";
+    } catch (const std::exception& e) {
+        return "uncaught exception (" + type + "): " + e.what();
+    } catch (...) {
+        return "uncaught exception (" + type + ")";
+    }
+}
+
+void on_terminate() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        const std::string what = current_exception_text();
+        print_backtrace();
+        abort_job(what, 1);
+    });
+    ::_exit(1);
+}
+
+const char* signal_name(int sig) {
+    switch (sig) {
+        case SIGSEGV: return "SIGSEGV (segmentation fault)";
+        case SIGBUS: return "SIGBUS (bus error)";
+        case SIGFPE: return "SIGFPE (arithmetic exception)";
+        case SIGILL: return "SIGILL (illegal instruction)";
+        case SIGABRT: return "SIGABRT (abort)";
+        default: return "fatal signal";
+    }
+}
+
+void on_signal(int sig) {
+    char buf[256];
+    std::size_t n = format_prefix(buf, sizeof buf);
+    n += static_cast<std::size_t>(std::snprintf(buf + n, sizeof buf - n,
+                                                "fatal signal %s - aborting the job\n",
+                                                signal_name(sig)));
+    write_all(buf, std::min(n, sizeof buf - 1));
+    print_backtrace();
+    abort_mpi(128 + sig);
+}
+
+constexpr int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+
+}  // namespace
+
+void install_failure_handlers() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        std::set_terminate(on_terminate);
+        // An alternate stack, so that a stack overflow can still be reported.
+        static char alt_stack[64 * 1024];
+        stack_t ss{};
+        ss.ss_sp = alt_stack;
+        ss.ss_size = sizeof alt_stack;
+        ::sigaltstack(&ss, nullptr);
+        struct sigaction sa {};
+        sa.sa_handler = on_signal;
+        sigemptyset(&sa.sa_mask);
+        sa.sa_flags = SA_ONSTACK | SA_RESETHAND;
+        for (int sig : fatal_signals) ::sigaction(sig, &sa, nullptr);
+    });
+}
+
+void abort_job(std::string_view what, int code) {
+    char prefix[64];
+    const std::size_t n = format_prefix(prefix, sizeof prefix);
+    std::string line(prefix, std::min(n, sizeof prefix - 1));
+    line.append(what);
+    line += " - aborting the job\n";
+    std::fflush(stdout);
+    write_all(line.data(), line.size());
+    abort_mpi(code == 0 ? 1 : code);
+}
+
+int run(int argc, char** argv, const std::function<int(int, char**)>& fn) {
+    Session session(argc, argv);
+    int rc = 0;
+    try {
+        rc = fn(argc, argv);
+    } catch (...) {
+        abort_job(current_exception_text(), 1);
+    }
+    return rc;
+}
+
+}  // namespace mpiml

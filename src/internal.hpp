@@ -1,0 +1,71 @@
+// State shared by mpiml's translation units (not installed).
+#pragma once
+
+#include <mpiml/collectives.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace mpiml::detail {
+
+struct State {
+    bool ready = false;            // MPI initialized and mpiml configured
+    bool we_initialized = false;   // mpiml called MPI_Init_thread
+    int provided = 0;
+    MPI_Comm default_comm = MPI_COMM_WORLD;
+    double timeout = 0.0;          // seconds, 0: off
+    bool check = false;
+    bool abort_on_failure = true;
+    int world_rank = -1;           // cached for signal handlers and the watchdog
+    int world_size = 0;
+};
+State& state();
+
+/// Reads MPIML_* settings; throws mpiml::Error on a malformed value.
+void read_environment(State& s);
+
+/// The kinds of collective, for checks, the watchdog and profiles.
+enum class Kind : std::int64_t { allreduce = 1, broadcast, allgather, barrier };
+const char* kind_name(Kind k);
+
+/// Description of one collective call.
+struct CallInfo {
+    Kind kind;
+    const char* call;
+    std::size_t count;
+    MPI_Datatype type;
+    int op_id;   // index of mpiml::Op, -1 for none, 99 for a user MPI_Op
+    int root;    // -1 for none
+    MPI_Comm comm;
+};
+std::string describe(const CallInfo& c);
+
+/// Sequence number of the next collective on comm (per communicator).
+std::uint64_t next_sequence(MPI_Comm comm);
+
+/// RAII around every collective: mismatch check, watchdog, profile hooks.
+class CollectiveScope {
+public:
+    explicit CollectiveScope(const CallInfo& info);
+    ~CollectiveScope();
+    CollectiveScope(const CollectiveScope&) = delete;
+    CollectiveScope& operator=(const CollectiveScope&) = delete;
+
+private:
+    bool armed_ = false;
+};
+
+// Watchdog (watchdog.cpp).
+void watchdog_arm(const CallInfo& info, std::uint64_t seq);
+void watchdog_disarm();
+void watchdog_shutdown();
+/// Marks entry into a world collective (for "ranks that never arrived").
+void arrival_mark(std::uint64_t world_seq);
+
+// Cross-rank mismatch check (collectives.cpp); throws on every rank.
+void check_consistent(const CallInfo& info, std::uint64_t seq);
+
+/// Cleanup run before MPI_Finalize (attribute delete callback on MPI_COMM_SELF).
+void register_finalize_hook(void (*fn)());
+
+}  // namespace mpiml::detail

@@ -1,0 +1,250 @@
+#include <mpiml/error.hpp>
+#include <mpiml/launch.hpp>
+#include <mpiml/session.hpp>
+
+#include <fcntl.h>
+#include <sched.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace mpiml {
+namespace detail {
+namespace {
+
+constexpr const char* call_name = "mpiml::mpi_fork";
+
+std::vector<std::string> environ_now() {
+    std::vector<std::string> env;
+    for (char** e = environ; e && *e; ++e) env.emplace_back(*e);
+    return env;
+}
+
+// The environment as the program started, before any MPI runtime added to it.
+const std::vector<std::string> initial_env = environ_now();
+
+bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+
+std::string env_name(const std::string& kv) { return kv.substr(0, kv.find('=')); }
+
+bool in_initial_env(const std::string& kv) {
+    for (const auto& e : initial_env)
+        if (e == kv) return true;
+    return false;
+}
+
+bool initial_env_was_launched() {
+    for (const auto& e : initial_env) {
+        const auto n = env_name(e);
+        if (n == "OMPI_COMM_WORLD_RANK" || n == "PMIX_RANK" || n == "PMI_RANK") return true;
+    }
+    return false;
+}
+
+// Variables an MPI runtime sets for its own processes. Passed on to a child
+// launcher they make it believe it is itself an MPI process (Open MPI 4.1's
+// mpirun then exits 1 without a word).
+bool is_runtime_var(const std::string& kv) {
+    const auto name = env_name(kv);
+    if (starts_with(name, "OMPI_ALLOW_RUN_AS_ROOT")) return false;
+    if (starts_with(name, "OMPI_MCA_"))  // user settings survive, runtime ones do not
+        return !(in_initial_env(kv) && !initial_env_was_launched());
+    static const char* prefixes[] = {"OMPI_", "PMIX_", "PMI_", "OPAL_", "ORTE_", "HYDI_",
+                                     "MPI_LOCALNRANKS", "MPI_LOCALRANKID"};
+    for (const char* p : prefixes)
+        if (starts_with(name, p)) return true;
+    return false;
+}
+
+bool is_executable(const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+std::string find_in_path(const std::string& name) {
+    if (name.find('/') != std::string::npos) return is_executable(name) ? name : "";
+    const char* path = std::getenv("PATH");
+    std::stringstream ss(path ? path : "/usr/local/bin:/usr/bin:/bin");
+    std::string dir;
+    while (std::getline(ss, dir, ':')) {
+        const std::string cand = (dir.empty() ? "." : dir) + "/" + name;
+        if (is_executable(cand)) return cand;
+    }
+    return "";
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& v) {
+    std::vector<char*> out;
+    for (auto& s : v) out.push_back(s.data());
+    out.push_back(nullptr);
+    return out;
+}
+
+// Runs argv with env, returns stdout+stderr (for "--version").
+std::string capture(std::vector<std::string> argv, std::vector<std::string> env) {
+    int fds[2];
+    if (::pipe(fds) != 0) return "";
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+    posix_spawn_file_actions_addclose(&fa, fds[0]);
+    auto a = c_strings(argv);
+    auto e = c_strings(env);
+    pid_t pid = 0;
+    const int rc = posix_spawn(&pid, a[0], &fa, nullptr, a.data(), e.data());
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(fds[1]);
+    std::string out;
+    if (rc == 0) {
+        char buf[4096];
+        ssize_t k;
+        while ((k = ::read(fds[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(k));
+        int status = 0;
+        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+    }
+    ::close(fds[0]);
+    return out;
+}
+
+int available_cores() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+    const unsigned n = std::thread::hardware_concurrency();
+    return n ? static_cast<int>(n) : 1;
+}
+
+std::vector<std::string> own_argv() {
+    std::ifstream f("/proc/self/cmdline", std::ios::binary);
+    const std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::vector<std::string> args;
+    std::size_t start = 0;
+    while (start < all.size()) {
+        const auto end = all.find('\0', start);
+        args.push_back(all.substr(start, end - start));
+        if (end == std::string::npos) break;
+        start = end + 1;
+    }
+    return args;
+}
+
+std::string own_exe() {
+    std::vector<char> buf(4096);
+    const ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+    if (n <= 0) fail(call_name, "cannot read /proc/self/exe: " + std::string(std::strerror(errno)));
+    return std::string(buf.data(), static_cast<std::size_t>(n));
+}
+
+std::vector<std::string> split_words(const char* s) {
+    std::vector<std::string> out;
+    std::stringstream ss(s ? s : "");
+    std::string w;
+    while (ss >> w) out.push_back(w);
+    return out;
+}
+
+}  // namespace
+
+LaunchPlan plan_fork(int n, bool bind_to_core) {
+    if (n < 1) fail(call_name, "n must be at least 1, got " + std::to_string(n));
+    LaunchPlan plan;
+    const char* override_launcher = std::getenv("MPIML_MPIRUN");
+    if (override_launcher && *override_launcher) {
+        plan.launcher = find_in_path(override_launcher);
+        if (plan.launcher.empty())
+            fail(call_name, std::string("MPIML_MPIRUN='") + override_launcher +
+                                "' is not an executable file");
+    } else {
+        for (const char* name : {"mpirun", "mpiexec"})
+            if (plan.launcher.empty()) plan.launcher = find_in_path(name);
+        if (plan.launcher.empty())
+            fail(call_name,
+                 "no MPI launcher found (mpirun or mpiexec on PATH): install openmpi-bin or "
+                 "mpich, or set MPIML_MPIRUN to the launcher's path");
+    }
+
+    for (auto& kv : environ_now())
+        if (!is_runtime_var(kv)) plan.env.push_back(kv);
+    for (const char* name : {"IN_MPI", "OMP_NUM_THREADS", "MKL_NUM_THREADS"})
+        std::erase_if(plan.env, [&](const std::string& kv) { return env_name(kv) == name; });
+    plan.env.emplace_back("IN_MPI=1");
+    plan.env.emplace_back("OMP_NUM_THREADS=1");
+    plan.env.emplace_back("MKL_NUM_THREADS=1");
+
+    const std::string version = capture({plan.launcher, "--version"}, plan.env);
+    if (version.find("Open MPI") != std::string::npos || version.find("OpenRTE") != std::string::npos)
+        plan.kind = LauncherKind::open_mpi;
+    else if (version.find("HYDRA") != std::string::npos || version.find("MPICH") != std::string::npos)
+        plan.kind = LauncherKind::mpich;
+
+    auto& a = plan.argv;
+    a.push_back(plan.launcher);
+    const bool oversubscribed = n > available_cores();
+    switch (plan.kind) {
+        case LauncherKind::open_mpi:
+            a.insert(a.end(), {"-np", std::to_string(n)});
+            if (oversubscribed) a.emplace_back("--oversubscribe");
+            if (::geteuid() == 0) a.emplace_back("--allow-run-as-root");
+            if (bind_to_core)
+                a.insert(a.end(), {"--bind-to", oversubscribed ? "core:overload-allowed" : "core"});
+            for (const char* v : {"IN_MPI", "OMP_NUM_THREADS", "MKL_NUM_THREADS"})
+                a.insert(a.end(), {"-x", v});
+            break;
+        case LauncherKind::mpich:
+            a.insert(a.end(), {"-n", std::to_string(n)});
+            if (bind_to_core) a.insert(a.end(), {"-bind-to", "core"});
+            break;
+        case LauncherKind::unknown:
+            a.insert(a.end(), {"-np", std::to_string(n)});
+            break;
+    }
+    for (auto& w : split_words(std::getenv("MPIML_MPIRUN_FLAGS"))) a.push_back(w);
+    a.push_back(own_exe());
+    const auto args = own_argv();
+    for (std::size_t i = 1; i < args.size(); ++i) a.push_back(args[i]);
+    return plan;
+}
+
+}  // namespace detail
+
+void mpi_fork(int n, bool bind_to_core) {
+    if (n < 0) detail::fail("mpiml::mpi_fork", "n must be >= 0, got " + std::to_string(n));
+    if (n <= 1) return;
+    if (const char* v = std::getenv("IN_MPI"); v && *v) return;
+    auto plan = detail::plan_fork(n, bind_to_core);
+    std::fflush(nullptr);
+    auto argv = detail::c_strings(plan.argv);
+    auto envp = detail::c_strings(plan.env);
+    pid_t pid = 0;
+    const int rc = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
+    if (rc != 0)
+        detail::fail("mpiml::mpi_fork",
+                     "cannot start " + plan.launcher + ": " + std::strerror(rc));
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR)
+            detail::fail("mpiml::mpi_fork", std::string("waitpid: ") + std::strerror(errno));
+    }
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status)
+                     : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
+                                           : 1;
+    std::exit(code);
+}
+
+}  // namespace mpiml

@@ -1,0 +1,170 @@
+// Collective watchdog: a rank stuck in a collective past its deadline says
+// where it waits and which ranks never arrived, then aborts the job.
+#include "internal.hpp"
+
+#include <mpiml/failure.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace mpiml::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Watch {
+    std::mutex m;
+    std::condition_variable cv;
+    std::thread thread;
+    bool stop = false;
+    bool active = false;
+    CallInfo info{};
+    std::uint64_t seq = 0;
+    Clock::time_point start;
+};
+Watch& watch() {
+    static Watch w;
+    return w;
+}
+
+// Node-local arrival board: one slot per rank of the node holding the
+// sequence number of the last world collective it entered.
+struct Board {
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Win win = MPI_WIN_NULL;
+    std::uint64_t* mine = nullptr;
+    std::vector<std::uint64_t*> slots;  // by node rank
+    std::vector<int> world_ranks;       // node rank -> world rank
+    std::atomic<bool> ready{false};
+};
+Board& board() {
+    static Board b;
+    return b;
+}
+
+std::string name_of(MPI_Comm comm) {
+    if (comm == MPI_COMM_WORLD) return "MPI_COMM_WORLD";
+    char name[MPI_MAX_OBJECT_NAME] = {};
+    int len = 0;
+    MPI_Comm_get_name(comm, name, &len);
+    return len > 0 ? std::string(name, len) : "a communicator";
+}
+
+std::string missing_ranks(std::uint64_t my_seq, MPI_Comm comm) {
+    auto& b = board();
+    if (comm != MPI_COMM_WORLD || !b.ready.load()) return "";
+    std::string late;
+    for (std::size_t i = 0; i < b.slots.size(); ++i) {
+        const std::uint64_t s = std::atomic_ref<std::uint64_t>(*b.slots[i]).load();
+        if (s < my_seq)
+            late += (late.empty() ? "" : ", ") + std::to_string(b.world_ranks[i]) +
+                    " (last entered #" + std::to_string(s) + ")";
+    }
+    if (late.empty()) return "; every rank on this node arrived (a rank on another node may not have)";
+    return "; ranks on this node that never arrived: " + late;
+}
+
+void loop() {
+    auto& w = watch();
+    std::unique_lock lock(w.m);
+    while (!w.stop) {
+        w.cv.wait_for(lock, std::chrono::milliseconds(50));
+        if (!w.active || w.stop) continue;
+        const double limit = state().timeout;
+        const double waited = std::chrono::duration<double>(Clock::now() - w.start).count();
+        if (limit <= 0 || waited < limit) continue;
+        char head[160];
+        std::snprintf(head, sizeof head, "watchdog: %s waited %.1f s (deadline %g s) in ",
+                      w.info.call, waited, limit);
+        const std::string what = head + describe(w.info) + ", call #" + std::to_string(w.seq) +
+                                 " on " + name_of(w.info.comm) + missing_ranks(w.seq, w.info.comm);
+        abort_job(what, 1);
+    }
+}
+
+void shutdown_hook() { watchdog_shutdown(); }
+
+}  // namespace
+
+void watchdog_arm(const CallInfo& info, std::uint64_t seq) {
+    auto& w = watch();
+    std::lock_guard lock(w.m);
+    if (!w.thread.joinable()) {
+        w.stop = false;
+        w.thread = std::thread(loop);
+        register_finalize_hook(shutdown_hook);
+    }
+    w.info = info;
+    w.seq = seq;
+    w.start = Clock::now();
+    w.active = true;
+}
+
+void watchdog_disarm() {
+    auto& w = watch();
+    std::lock_guard lock(w.m);
+    w.active = false;
+}
+
+void watchdog_shutdown() {
+    auto& w = watch();
+    {
+        std::lock_guard lock(w.m);
+        w.stop = true;
+        w.active = false;
+    }
+    w.cv.notify_all();
+    if (w.thread.joinable()) w.thread.join();
+    auto& b = board();
+    if (b.ready.exchange(false)) {
+        MPI_Win_free(&b.win);
+        MPI_Comm_free(&b.node);
+    }
+}
+
+void arrival_mark(std::uint64_t world_seq) {
+    auto& b = board();
+    if (!b.ready.load()) {
+        // Collective over the world: every rank is entering the same call.
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &b.node);
+        int n = 0, me = 0;
+        MPI_Comm_size(b.node, &n);
+        MPI_Comm_rank(b.node, &me);
+        void* base = nullptr;
+        if (MPI_Win_allocate_shared(sizeof(std::uint64_t), sizeof(std::uint64_t), MPI_INFO_NULL,
+                                    b.node, &base, &b.win) != MPI_SUCCESS) {
+            MPI_Comm_free(&b.node);
+            return;
+        }
+        b.mine = static_cast<std::uint64_t*>(base);
+        *b.mine = 0;
+        b.slots.resize(n);
+        for (int r = 0; r < n; ++r) {
+            MPI_Aint size = 0;
+            int disp = 0;
+            void* p = nullptr;
+            MPI_Win_shared_query(b.win, r, &size, &disp, &p);
+            b.slots[r] = static_cast<std::uint64_t*>(p);
+        }
+        MPI_Group gn, gw;
+        MPI_Comm_group(b.node, &gn);
+        MPI_Comm_group(MPI_COMM_WORLD, &gw);
+        std::vector<int> nr(n);
+        for (int r = 0; r < n; ++r) nr[r] = r;
+        b.world_ranks.resize(n);
+        MPI_Group_translate_ranks(gn, n, nr.data(), gw, b.world_ranks.data());
+        MPI_Group_free(&gn);
+        MPI_Group_free(&gw);
+        b.ready.store(true);
+        register_finalize_hook(shutdown_hook);
+    }
+    std::atomic_ref<std::uint64_t>(*b.mine).store(world_seq);
+}
+
+}  // namespace mpiml::detail
