@@ -12,6 +12,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 
+#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,6 +58,7 @@ void expect_error(F&& fn, const std::vector<std::string>& needles) {
         ADD_FAILURE() << "no mpiml::Error thrown";
     } catch (const mpiml::Error& e) {
         const std::string what = e.what();
+        if (rank() == 0) std::printf("  mpiml::Error: %s\n", what.c_str());
         for (const auto& n : needles)
             EXPECT_NE(what.find(n), std::string::npos) << "'" << n << "' not in: " << what;
     }
@@ -95,6 +97,7 @@ void train_and_compare(torch::Dtype dtype, double tol) {
     for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), dtype);
     const double diff = max_abs_diff(net->parameters(), ref->parameters());
     EXPECT_LT(diff, tol) << "ranks " << n;
+    if (r == 0) std::printf("  max |data-parallel - one process| = %.3g\n", diff);
     // Training moved the weights, so the comparison means something.
     EXPECT_GT(max_abs_diff(net->parameters(), make_net(1000, dtype)->parameters()), 1e-3);
 }
