@@ -294,7 +294,7 @@ void verify_same(const std::vector<std::string>& descs, int root, MPI_Comm comm,
     // Every rank's description of entry `first`, padded to the longest.
     const std::string own = first < descs.size()
                                 ? descs[first]
-                                : "nothing (it has only " + std::to_string(descs.size()) +
+                                : "nothing (only " + std::to_string(descs.size()) +
                                       " parameters and buffers)";
     const std::uint64_t len = own.size();
     std::vector<std::uint64_t> lens(usize);
@@ -366,6 +366,22 @@ std::vector<Named> module_entries(const torch::nn::Module& module, bool with_buf
     add_unique(out, seen, module.named_parameters(true), "parameter");
     if (with_buffers) add_unique(out, seen, module.named_buffers(true), "buffer");
     return out;
+}
+
+/// A module's own registered parameters, read without copying: parameters_
+/// is protected, so its member pointer is named through a derived class.
+struct ParamAccess : torch::nn::Module {
+    static const torch::OrderedDict<std::string, at::Tensor>& of(const torch::nn::Module& m) {
+        return m.*(&ParamAccess::parameters_);
+    }
+};
+
+/// module.parameters(true) in the same order (pre-order, registration order),
+/// without building the names: this is the hot path of mpi_avg_grads.
+void collect_params(const torch::nn::Module& m, std::vector<at::Tensor>& out) {
+    for (const auto& item : ParamAccess::of(m))
+        if (item.value().defined()) out.push_back(item.value());
+    for (const auto& child : m.children()) collect_params(*child, out);
 }
 
 std::vector<Named> list_entries(const std::vector<torch::Tensor>& tensors, const char* what) {
@@ -547,6 +563,10 @@ void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opt
     GradState& st = grad_state();
     st.entries.clear();
     st.seen.clear();
+    struct Release {  // hold no tensors between calls
+        GradState& st;
+        ~Release() { st.entries.clear(); }
+    } release{st};
     for (std::size_t i = 0; i < params.size(); ++i) {
         const at::Tensor& p = params[i];
         if (!p.defined() || !has_gradients(p.scalar_type())) continue;
@@ -693,7 +713,11 @@ void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts, Comm 
         }
         return avg_grads(params, opts, c, &descs);
     }
-    avg_grads(module.parameters(true), opts, c, nullptr);
+    thread_local std::vector<at::Tensor> params;
+    params.clear();
+    collect_params(module, params);
+    avg_grads(params, opts, c, nullptr);
+    params.clear();  // drop the references
 }
 
 void mpi_avg_grads(const std::vector<torch::Tensor>& params, const AvgGradsOptions& opts,
