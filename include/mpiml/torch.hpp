@@ -32,7 +32,7 @@ void sync_params(const torch::Tensor& tensor, int root = 0, Comm comm = {});
 void sync_params(const std::vector<torch::Tensor>& tensors, int root = 0, Comm comm = {});
 template <class M>
 void sync_params(const torch::nn::ModuleHolder<M>& holder, int root = 0, Comm comm = {}) {
-    sync_params(*holder, root, comm);
+    sync_params(*holder.ptr(), root, comm);  // ptr(): operator* is const
 }
 template <class M>
     requires std::derived_from<M, torch::nn::Module>
@@ -55,7 +55,7 @@ void mpi_avg_grads(const std::vector<torch::Tensor>& params, const AvgGradsOptio
 template <class M>
 void mpi_avg_grads(const torch::nn::ModuleHolder<M>& holder, const AvgGradsOptions& opts = {},
                    Comm comm = {}) {
-    mpi_avg_grads(*holder, opts, comm);
+    mpi_avg_grads(*holder.ptr(), opts, comm);
 }
 template <class M>
     requires std::derived_from<M, torch::nn::Module>
