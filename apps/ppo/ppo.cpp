@@ -316,7 +316,7 @@ int train(Config cfg) {
     const int obs_dim = env->obs_dim();
     const int act_dim = space.discrete ? 1 : space.dim;
     ActorCritic ac(obs_dim, space, cfg.hidden, cfg.activation);
-    mpiml::sync_params(*ac);
+    mpiml::sync_params(ac);
 
     int64_t n_params = 0;
     for (const auto& p : ac->parameters()) n_params += p.numel();
@@ -368,7 +368,7 @@ int train(Config cfg) {
             const double kl_avg = mpiml::mpi_avg(torch::tensor(kl, torch::kDouble)).item<double>();
             if (kl_avg > 1.5 * cfg.target_kl) break;
             loss_pi.backward();
-            mpiml::mpi_avg_grads(*ac->pi);
+            mpiml::mpi_avg_grads(ac->pi);
             pi_opt.step();
         }
         if (i == cfg.train_pi_iters) i = std::max(0, cfg.train_pi_iters - 1);
@@ -378,7 +378,7 @@ int train(Config cfg) {
             vf_opt.zero_grad();
             loss_v = compute_loss_v(b);
             loss_v.backward();
-            mpiml::mpi_avg_grads(*ac->v);
+            mpiml::mpi_avg_grads(ac->v);
             vf_opt.step();
         }
         logger.store("LossPi", pi_l_old);
