@@ -4,13 +4,15 @@
 # Each run stops at the first such epoch (--stop-at-return).
 #
 #   scripts/check_learning.sh [path/to/mpiml-ppo] [output folder]
+#   (defaults: build/apps/mpiml-ppo and build/check_learning in the repository)
 #
 # Environment: RANKS ("1 2"), SEEDS ("0 1 2"), EPOCHS (60), TARGET (475).
 # Prints one line per run and a summary; exits 1 if any run failed to learn.
 set -uo pipefail
 
-prog=${1:-build/apps/mpiml-ppo}
-out=${2:-data/check_learning}
+root=$(cd "$(dirname "$0")/.." && pwd)
+prog=${1:-$root/build/apps/mpiml-ppo}
+out=${2:-$root/build/check_learning}
 ranks=${RANKS:-1 2}
 seeds=${SEEDS:-0 1 2}
 epochs=${EPOCHS:-60}

@@ -1,7 +1,7 @@
 // mpiml-ppo: data-parallel PPO (Spinning Up's ppo.py) in C++ on mpiml.
 //
 //   mpiml-ppo --env CartPole-v1 --cpu 2          train on 2 ranks
-//   mpiml-ppo --test data/ppo-CartPole-v1-s0     run the saved policy
+//   mpiml-ppo --test out/ppo-CartPole-v1-s0      run the saved policy
 #include "config.hpp"
 #include "envs.hpp"
 #include "logger.hpp"
@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 int main(int argc, char** argv) {
     ppo::Config cfg;
@@ -84,7 +85,7 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"tanh", "relu"}))
         ->capture_default_str();
     app.add_option("--out", cfg.out,
-                   "Output folder (default: data/ppo-<env>-s<seed>, relative to the "
+                   "Output folder (default: out/ppo-<env>-s<seed>, relative to the "
                    "working directory)");
     app.add_option("--save-freq", cfg.save_freq,
                    "Save the policy every this many epochs (and at the end)")
@@ -121,6 +122,12 @@ int main(int argc, char** argv) {
                 ppo::read_progress((std::filesystem::path(plot_dir) / "progress.txt").string());
             ppo::PlotOptions po;
             po.title = "PPO: " + plot_dir;
+            std::ifstream cfg_in(std::filesystem::path(plot_dir) / "config.json");
+            if (cfg_in) {
+                std::stringstream ss;
+                ss << cfg_in.rdbuf();
+                po.title = ppo::plot_title(ppo::config_from_json(ss.str()));
+            }
             const auto path = std::filesystem::path(plot_dir) / "learning_curve.svg";
             std::ofstream(path) << ppo::learning_curve_svg(progress, po);
             fmt::print("Wrote {}\n", path.string());
@@ -131,7 +138,7 @@ int main(int argc, char** argv) {
         return 1;
     }
 
-    if (cfg.out.empty()) cfg.out = fmt::format("data/ppo-{}-s{}", cfg.env, cfg.seed);
+    if (cfg.out.empty()) cfg.out = fmt::format("out/ppo-{}-s{}", cfg.env, cfg.seed);
     // Re-launch under mpirun with cfg.cpu ranks; in the children this returns.
     mpiml::mpi_fork(cfg.cpu, bind_to_core);
     return mpiml::run(argc, argv, [&](int, char**) { return ppo::train(cfg); });

@@ -86,7 +86,13 @@ std::string learning_curve_svg(const Progress& progress, const PlotOptions& o) {
         "<text transform=\"translate(16 {7}) rotate(-90)\" text-anchor=\"middle\">{8}</text>\n",
         L, T, R - L, B - T, (L + R) / 2, o.height - 12.0, escape(o.x), (T + B) / 2, escape(o.y));
 
-    // Runs of consecutive points with a y value: band polygon, then the line.
+    if (bi >= 0)
+        s += fmt::format(
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" fill=\"#555\">shaded: "
+            "{} &#177; {}</text>\n",
+            R - 6, T + 16, escape(o.y), escape(o.band));
+    // Runs of consecutive points with a y value: band polygon, then the line
+    // (a lone point gets a dot).
     std::vector<std::vector<const std::vector<double>*>> runs(1);
     for (const auto& r : progress.rows) {
         if (std::isnan(r[xi]) || std::isnan(r[yi])) {
@@ -108,6 +114,9 @@ std::string learning_curve_svg(const Progress& progress, const PlotOptions& o) {
             s += "<polygon fill=\"#1f77b4\" fill-opacity=\"0.2\" stroke=\"none\" points=\"" + pts +
                  "\"/>\n";
         }
+        if (run.size() == 1)
+            s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"#1f77b4\"/>\n",
+                             px((*run[0])[xi]), py((*run[0])[yi]));
         std::string pts;
         for (const auto* r : run) pts += fmt::format("{:.1f},{:.1f} ", px((*r)[xi]), py((*r)[yi]));
         s += "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"2\" points=\"" + pts +
@@ -115,6 +124,11 @@ std::string learning_curve_svg(const Progress& progress, const PlotOptions& o) {
     }
     s += "</svg>\n";
     return s;
+}
+
+std::string plot_title(const Config& cfg) {
+    return fmt::format("PPO on {} (seed {}, {} rank{})", cfg.env, cfg.seed, cfg.num_procs,
+                       cfg.num_procs == 1 ? "" : "s");
 }
 
 }  // namespace ppo

@@ -1,6 +1,7 @@
 // A learning-curve plot as a small hand-written SVG.
 #pragma once
 
+#include "config.hpp"
 #include "logger.hpp"
 
 #include <string>
@@ -19,5 +20,8 @@ struct PlotOptions {
 /// Points with NaN y are skipped (the line breaks there). Throws
 /// std::runtime_error when x or y is not a column.
 std::string learning_curve_svg(const Progress& progress, const PlotOptions& opts);
+
+/// "PPO on <env> (seed S, N ranks)".
+std::string plot_title(const Config& cfg);
 
 }  // namespace ppo

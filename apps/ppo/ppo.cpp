@@ -287,8 +287,7 @@ void save_policy(ActorCritic& ac, const std::string& dir) {
 
 void write_plot(const EpochLogger& log, const Config& cfg) {
     PlotOptions po;
-    po.title = fmt::format("PPO on {} (seed {}, {} rank{})", cfg.env, cfg.seed, cfg.num_procs,
-                           cfg.num_procs == 1 ? "" : "s");
+    po.title = plot_title(cfg);
     log.save_text("learning_curve.svg", learning_curve_svg(log.progress(), po));
 }
 
