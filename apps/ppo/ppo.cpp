@@ -2,6 +2,7 @@
 #include "ppo.hpp"
 
 #include "envs.hpp"
+#include "gae.hpp"
 #include "logger.hpp"
 #include "plot.hpp"
 
@@ -187,15 +188,8 @@ public:
         const std::size_t start = path_start_, end = rew_.size();
         adv_.resize(end);
         ret_.resize(end);
-        double gae = 0.0, ret = last_val, next_v = last_val;
-        for (std::size_t i = end; i-- > start;) {
-            const double delta = rew_[i] + gamma_ * next_v - val_[i];
-            gae = delta + gamma_ * lam_ * gae;
-            ret = rew_[i] + gamma_ * ret;
-            adv_[i] = gae;
-            ret_[i] = ret;
-            next_v = val_[i];
-        }
+        gae_lambda(rew_.data() + start, val_.data() + start, end - start, last_val, gamma_, lam_,
+                   adv_.data() + start, ret_.data() + start);
         path_start_ = end;
     }
 
