@@ -243,8 +243,8 @@ const Column table_columns[] = {
     {"StdEpRet", "StdEpRet", 9},     {"MaxEpRet", "MaxEpRet", 9},
     {"MinEpRet", "MinEpRet", 9},     {"EpLen", "EpLen", 7},
     {"AverageVVals", "VVals", 8},    {"TotalEnvInteracts", "TotalEnvInt", 11},
-    {"LossPi", "LossPi", 9},         {"LossV", "LossV", 9},
-    {"Entropy", "Entropy", 7},       {"KL", "KL", 9},
+    {"LossPi", "LossPi", 10},        {"LossV", "LossV", 9},
+    {"Entropy", "Entropy", 7},       {"KL", "KL", 10},
     {"ClipFrac", "ClipFrac", 8},     {"StopIter", "StopIter", 8},
     {"Time", "Time", 7},             {"steps/s", "steps/s", 8},
 };
