@@ -389,6 +389,8 @@ int train(Config cfg) {
     double ep_ret = 0;
     int ep_len = 0;
     mpiml::pprint(table_header());
+    double rollout_s = 0, update_s = 0;
+    int64_t total_steps = 0;
     for (int epoch = 0; epoch < cfg.epochs; ++epoch) {
         const auto epoch_start = clock::now();
         for (int t = 0; t < local_steps; ++t) {
@@ -431,7 +433,11 @@ int train(Config cfg) {
         if (rank == 0 && !cfg.out.empty() && (epoch % cfg.save_freq == 0 || last))
             save_policy(ac, cfg.out);
 
+        const auto update_start = clock::now();
+        rollout_s += std::chrono::duration<double>(update_start - epoch_start).count();
         update();
+        update_s += std::chrono::duration<double>(clock::now() - update_start).count();
+        total_steps += steps_done;
 
         logger.log_tabular_stats("LossPi", false, true);
         logger.log_tabular_stats("LossV", false, true);
@@ -452,6 +458,11 @@ int train(Config cfg) {
             break;
         }
     }
+    const double wall = std::chrono::duration<double>(clock::now() - start).count();
+    mpiml::pprint(fmt::format(
+        "{} env steps in {:.1f} s: {:.0f} steps/s; rank 0 spent {:.1f} s collecting "
+        "({:.0f} steps/s over all ranks) and {:.1f} s updating",
+        total_steps, wall, total_steps / wall, rollout_s, total_steps / rollout_s, update_s));
     if (rank == 0 && !cfg.out.empty()) {
         write_plot(logger, cfg);
         mpiml::pprint(fmt::format("Wrote {}/{{progress.txt, config.json, policy.pt, "
