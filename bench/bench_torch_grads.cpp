@@ -210,15 +210,26 @@ void bench_model(const Options& opt, const std::vector<int64_t>& hidden, std::ve
         {"one raw MPI_Allreduce",
          [&] { MPI_Allreduce(MPI_IN_PLACE, flat.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }},
     };
+    // Each sync call ends with a barrier: a bare MPI_Bcast loop lets the root
+    // run ahead, and sync_params synchronizes (its module check).
     const std::vector<std::pair<std::string, std::function<void()>>> syncs = {
-        {"mpiml::sync_params", [&] { mpiml::sync_params(ac); }},
-        {"per-tensor MPI_Bcast",
+        {"mpiml::sync_params + barrier",
+         [&] {
+             mpiml::sync_params(ac);
+             MPI_Barrier(MPI_COMM_WORLD);
+         }},
+        {"per-tensor MPI_Bcast + barrier",
          [&] {
              for (const auto& p : params)
                  MPI_Bcast(p.data_ptr(), static_cast<int>(p.numel()), MPI_FLOAT, 0,
                            MPI_COMM_WORLD);
+             MPI_Barrier(MPI_COMM_WORLD);
          }},
-        {"one raw MPI_Bcast", [&] { MPI_Bcast(flat.data(), n, MPI_FLOAT, 0, MPI_COMM_WORLD); }},
+        {"one raw MPI_Bcast + barrier",
+         [&] {
+             MPI_Bcast(flat.data(), n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+             MPI_Barrier(MPI_COMM_WORLD);
+         }},
     };
 
     for (const auto* group : {&grads, &syncs}) {
@@ -266,20 +277,25 @@ int main(int argc, char** argv) {
         const std::time_t now = std::time(nullptr);
         std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
         const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        double load = -1;  // other work on the machine skews the figures
+        if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+            if (std::fscanf(f, "%lf", &load) != 1) load = -1;
+            std::fclose(f);
+        }
         const std::string torch_version = std::to_string(TORCH_VERSION_MAJOR) + "." +
                                           std::to_string(TORCH_VERSION_MINOR) + "." +
                                           std::to_string(TORCH_VERSION_PATCH);
 
-        std::printf("# %s, %d ranks on %s (%ld cores), LibTorch %s, %d threads/rank, %s\n",
-                    mpi.c_str(), size, host, cores, torch_version.c_str(), at::get_num_threads(),
-                    date);
+        std::printf("# %s, %d ranks on %s (%ld cores, load %.2f), LibTorch %s, %d threads/rank, %s\n",
+                    mpi.c_str(), size, host, cores, load, torch_version.c_str(),
+                    at::get_num_threads(), date);
         std::printf("# per call: median of %d blocks of %d calls (slowest rank); ratio vs the "
                     "single raw collective\n",
                     opt.reps, opt.iters);
-        std::printf("%-10s %-18s %-30s %7s %9s %10s %10s %7s\n", "hidden", "operation", "method",
+        std::printf("%-10s %-18s %-32s %7s %9s %10s %10s %7s\n", "hidden", "operation", "method",
                     "tensors", "floats", "median_us", "min_us", "ratio");
         for (const auto& r : rows)
-            std::printf("%-10s %-18s %-30s %7zu %9zu %10.2f %10.2f %7.2f\n", r.hidden.c_str(),
+            std::printf("%-10s %-18s %-32s %7zu %9zu %10.2f %10.2f %7.2f\n", r.hidden.c_str(),
                         r.op.c_str(), r.method.c_str(), r.tensors, r.elements, r.median_us,
                         r.min_us, r.ratio);
 
@@ -287,7 +303,7 @@ int main(int argc, char** argv) {
             std::ofstream out(opt.json);
             out << "{\n  \"benchmark\": \"bench_torch_grads\",\n  \"mpi\": \"" << json_escape(mpi)
                 << "\",\n  \"ranks\": " << size << ",\n  \"host\": \"" << json_escape(host)
-                << "\",\n  \"cores\": " << cores << ",\n  \"torch\": \"" << torch_version
+                << "\",\n  \"cores\": " << cores << ",\n  \"load_average\": " << load << ",\n  \"torch\": \"" << torch_version
                 << "\",\n  \"threads_per_rank\": " << at::get_num_threads()
                 << ",\n  \"date\": \"" << date << "\",\n  \"iters\": " << opt.iters
                 << ",\n  \"reps\": " << opt.reps << ",\n  \"bucket_cap_bytes\": " << opt.bucket_cap
