@@ -75,8 +75,7 @@ struct ActorImpl : nn::Module {
         }
     }
 
-    /// Log-probability of act under the policy at obs; for a batch, obs is
-    /// [N, obs_dim] and act is [N] (int64, discrete) or [N, act_dim].
+    /// The policy's distribution at obs ([obs_dim], or [N, obs_dim] for a batch).
     struct Dist {
         Tensor logits_or_mu;  ///< log-softmax (discrete) or mean (Gaussian)
         Tensor log_std;
@@ -85,6 +84,7 @@ struct ActorImpl : nn::Module {
         if (discrete) return {torch::log_softmax(net->forward(obs), -1), {}};
         return {net->forward(obs), log_std};
     }
+    /// Log-probability of act: [N] (int64, discrete) or [N, act_dim] for a batch.
     Tensor log_prob(const Dist& d, const Tensor& act) const {
         if (discrete) return d.logits_or_mu.gather(-1, act.unsqueeze(-1)).squeeze(-1);
         const Tensor z = (act - d.logits_or_mu) * torch::exp(-d.log_std);
@@ -344,8 +344,7 @@ int train(Config cfg) {
 
     auto update = [&] {
         const auto b = buf.get();
-        double kl_old, ent_old, cf_old;
-        double pi_l_old, v_l_old;
+        double kl_old, ent_old, cf_old, pi_l_old, v_l_old;
         {
             torch::NoGradGuard no_grad;
             pi_l_old = compute_loss_pi(b, kl_old, ent_old, cf_old).item<double>();
