@@ -669,7 +669,7 @@ using detail::prof;
 void profile_start(std::string dir) {
     constexpr const char* call = "mpiml::profile_start";
     if (dir.empty()) detail::fail(call, "empty directory name");
-    ensure_initialized();
+    ensure_initialized(call);
     auto& p = prof();
     if (profiling()) {
         std::lock_guard lock(p.m);
