@@ -6,6 +6,7 @@
 #include <mpiml/profile.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -14,6 +15,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <new>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,6 +24,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <sys/mman.h>
 
 namespace mpiml {
 namespace detail {
@@ -36,24 +41,74 @@ std::int64_t profile_now() {
 
 namespace {
 
+// 32 bytes: regions are the frequent kind; a collective's details live apart.
 struct Event {
-    const char* name = nullptr;  // region name, or kind of collective
-    std::int64_t t0 = 0, t1 = 0;  // local steady clock, ns
-    // Collectives only (call == nullptr for a region).
-    const char* call = nullptr;
-    const char* type = nullptr;
-    std::uint64_t count = 0, bytes = 0, seq = 0;
-    std::int64_t check_ns = -1;     // time in the mismatch check, -1: check off
-    std::int64_t world_index = -1;  // order among this profile's MPI_COMM_WORLD collectives
-    std::int64_t wait_ns = -1;      // filled at stop, -1: not measured
-    bool wait_exact = false;        // from entry times (else approximated by check_ns)
-    int op = -1, root = -1;
-    Kind kind = Kind::barrier;
+    const char* name;     // region name, or kind of collective
+    std::int64_t t0, t1;  // local steady clock, ns
+    std::uint32_t coll;   // 0: a region; else 1 + index into the thread's collectives
+};
+
+struct Collective {
+    const char* call;
+    const char* type;  // null for none
+    std::uint64_t count, bytes, seq;
+    std::int64_t check_ns;     // time in the mismatch check, -1: check off
+    std::int64_t world_index;  // order among this profile's MPI_COMM_WORLD collectives, or -1
+    std::int64_t wait_ns;      // -1: not measured; exact on the world (filled at stop)
+    bool wait_exact;           // from entry times (else the mismatch check's time)
+    int op, root;
+    Kind kind;
+};
+
+// Append-only storage in 2 MiB blocks: no relocation as it grows, and the
+// blocks are offered to the kernel as huge pages (one fault per block instead
+// of one per 4 KiB page, which matters where page faults are slow).
+template <class T>
+class Blocks {
+public:
+    static constexpr std::size_t block_bytes = std::size_t{2} << 20;
+    static constexpr std::size_t per_block = block_bytes / sizeof(T);
+    Blocks() = default;
+    Blocks(const Blocks&) = delete;
+    Blocks& operator=(const Blocks&) = delete;
+    ~Blocks() { clear(); }
+
+    void push(const T& v) {
+        if (used_ == per_block) grow();
+        new (blocks_.back() + used_++) T(v);
+    }
+    std::size_t size() const { return blocks_.empty() ? 0 : (blocks_.size() - 1) * per_block + used_; }
+    const T& operator[](std::size_t i) const { return blocks_[i / per_block][i % per_block]; }
+    T& operator[](std::size_t i) { return blocks_[i / per_block][i % per_block]; }
+    void clear() {
+        for (T* b : blocks_) std::free(b);
+        blocks_.clear();
+        used_ = per_block;
+    }
+    /// Allocates the first block ahead of the first push.
+    void prepare() {
+        if (blocks_.empty()) grow();
+    }
+
+private:
+    void grow() {
+        void* p = std::aligned_alloc(block_bytes, block_bytes);
+        if (!p) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+        madvise(p, block_bytes, MADV_HUGEPAGE);
+#endif
+        static_cast<volatile char*>(p)[0] = 0;  // take the fault now
+        blocks_.push_back(static_cast<T*>(p));
+        used_ = 0;
+    }
+    std::vector<T*> blocks_;
+    std::size_t used_ = per_block;
 };
 
 struct ThreadBuffer {
     std::mutex m;
-    std::vector<Event> events;
+    Blocks<Event> events;
+    Blocks<Collective> colls;
     int tid = 0;
 };
 
@@ -99,7 +154,15 @@ ThreadBuffer& buffer() {
 void push(const Event& e) {
     auto& b = buffer();
     std::lock_guard lock(b.m);
-    b.events.push_back(e);
+    b.events.push(e);
+}
+
+void push(Event e, const Collective& c) {
+    auto& b = buffer();
+    std::lock_guard lock(b.m);
+    b.colls.push(c);
+    e.coll = static_cast<std::uint32_t>(b.colls.size());
+    b.events.push(e);
 }
 
 void stop_at_finalize() {
@@ -118,6 +181,7 @@ void begin_recording(const std::string& dir, bool from_env) {
     for (auto& t : p.threads) {
         std::lock_guard tl(t->m);
         t->events.clear();
+        t->colls.clear();
     }
     p.dir = dir;
     p.from_env = from_env;
@@ -221,16 +285,23 @@ void append_escaped(std::string& out, const char* s) {
 
 // ns as microseconds with three decimals, exactly.
 void append_us(std::string& out, std::int64_t ns) {
-    char buf[40];
-    const char* sign = ns < 0 ? "-" : "";
     const std::uint64_t a = ns < 0 ? -static_cast<std::uint64_t>(ns) : static_cast<std::uint64_t>(ns);
-    std::snprintf(buf, sizeof buf, "%s%llu.%03llu", sign,
-                  static_cast<unsigned long long>(a / 1000),
-                  static_cast<unsigned long long>(a % 1000));
-    out += buf;
+    char buf[32];
+    char* p = buf;
+    if (ns < 0) *p++ = '-';
+    p = std::to_chars(p, buf + sizeof buf, a / 1000).ptr;
+    const auto frac = static_cast<unsigned>(a % 1000);
+    *p++ = '.';
+    *p++ = static_cast<char>('0' + frac / 100);
+    *p++ = static_cast<char>('0' + frac / 10 % 10);
+    *p++ = static_cast<char>('0' + frac % 10);
+    out.append(buf, p);
 }
 
-void append_int(std::string& out, long long v) { out += std::to_string(v); }
+void append_int(std::string& out, long long v) {
+    char buf[24];
+    out.append(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
+}
 
 const char* op_label(int op) {
     if (op < 0) return nullptr;
@@ -240,22 +311,42 @@ const char* op_label(int op) {
 
 struct ThreadEvents {
     int tid = 0;
-    std::vector<Event> events;
+    std::vector<Event> events;  // sorted by before()
+    std::vector<Collective> colls;
 };
 
 // Parents before children: by start, then longer first, regions before collectives.
 bool before(const Event& a, const Event& b) {
     if (a.t0 != b.t0) return a.t0 < b.t0;
     if (a.t1 != b.t1) return a.t1 > b.t1;
-    return (a.call == nullptr) > (b.call == nullptr);
+    return (a.coll == 0) > (b.coll == 0);
 }
+
+// Text built in a fixed buffer and handed to a sink in pieces of about 1 MiB.
+class Chunker {
+public:
+    explicit Chunker(std::function<void(const std::string&)> sink) : sink_(std::move(sink)) {
+        out.reserve(limit + 4096);
+    }
+    void maybe_flush() {
+        if (out.size() >= limit) flush();
+    }
+    void flush() {
+        if (!out.empty()) sink_(out);
+        out.clear();
+    }
+    std::string out;
+
+private:
+    static constexpr std::size_t limit = std::size_t{1} << 20;
+    std::function<void(const std::string&)> sink_;
+};
 
 // The traceEvents entries of this rank (without brackets), times aligned and
 // relative to origin.
-std::string events_json(int rank, int main_tid, const std::vector<ThreadEvents>& threads,
-                        const ClockMap& map, std::int64_t origin) {
-    std::string out;
-    out.reserve(256 + threads.size() * 64);
+void events_json(Chunker& ch, int rank, int main_tid, const std::vector<ThreadEvents>& threads,
+                 const ClockMap& map, std::int64_t origin) {
+    std::string& out = ch.out;
     const std::string pid = std::to_string(rank);
     out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + pid +
            ",\"tid\":0,\"args\":{\"name\":\"rank " + pid + "\"}}";
@@ -271,17 +362,19 @@ std::string events_json(int rank, int main_tid, const std::vector<ThreadEvents>&
     }
     for (const auto& t : threads) {
         const std::string where = ",\"pid\":" + pid + ",\"tid\":" + std::to_string(t.tid);
-        for (const auto& e : t.events) {
-            const std::int64_t a = map(e.t0) - origin, b = map(e.t1) - origin;
+        for (const auto& ev : t.events) {
+            ch.maybe_flush();
+            const std::int64_t a = map(ev.t0) - origin, b = map(ev.t1) - origin;
             out += ",\n{\"name\":";
-            append_escaped(out, e.name);
-            out += e.call ? ",\"cat\":\"mpi\"" : ",\"cat\":\"region\"";
+            append_escaped(out, ev.name);
+            out += ev.coll ? ",\"cat\":\"mpi\"" : ",\"cat\":\"region\"";
             out += ",\"ph\":\"X\",\"ts\":";
             append_us(out, a);
             out += ",\"dur\":";
             append_us(out, b - a);
             out += where;
-            if (e.call) {
+            if (ev.coll) {
+                const Collective& e = t.colls[ev.coll - 1];
                 out += ",\"args\":{\"call\":";
                 append_escaped(out, e.call);
                 out += ",\"bytes\":";
@@ -326,7 +419,7 @@ std::string events_json(int rank, int main_tid, const std::vector<ThreadEvents>&
             }
         }
     }
-    return out;
+    ch.flush();
 }
 
 // -------------------------------------------------------------- summary
@@ -340,35 +433,46 @@ struct Agg {
 using AggKey = std::pair<int, std::string>;  // kind (0 region, 1 collective), name
 
 std::map<AggKey, Agg> aggregate(const std::vector<ThreadEvents>& threads) {
-    std::map<AggKey, Agg> agg;
+    // By name pointer first (cheap), then merged by name text.
+    std::map<std::pair<int, const char*>, Agg> agg;
     for (const auto& t : threads) {
         std::vector<const Event*> open;  // enclosing regions
         for (const auto& e : t.events) {
             while (!open.empty() && open.back()->t1 <= e.t0) open.pop_back();
             const std::int64_t dur = e.t1 - e.t0;
-            if (!e.call) {
+            if (!e.coll) {
                 auto& a = agg[{0, e.name}];
                 ++a.calls;
                 a.total += dur;
                 open.push_back(&e);
                 continue;
             }
-            const std::int64_t wait = std::max<std::int64_t>(e.wait_ns, 0);
+            const std::int64_t wait = std::max<std::int64_t>(t.colls[e.coll - 1].wait_ns, 0);
             auto& a = agg[{1, e.name}];
             ++a.calls;
             a.total += dur;
             a.mpi += dur;
             a.wait += wait;
-            std::set<std::string> seen;  // a recursive region counts once
-            for (const Event* r : open)
-                if (seen.insert(r->name).second) {
-                    auto& ra = agg[{0, r->name}];
-                    ra.mpi += dur;
-                    ra.wait += wait;
-                }
+            for (std::size_t i = 0; i < open.size(); ++i) {
+                bool repeat = false;  // a recursive region counts once
+                for (std::size_t j = 0; j < i && !repeat; ++j)
+                    repeat = std::strcmp(open[j]->name, open[i]->name) == 0;
+                if (repeat) continue;
+                auto& ra = agg[{0, open[i]->name}];
+                ra.mpi += dur;
+                ra.wait += wait;
+            }
         }
     }
-    return agg;
+    std::map<AggKey, Agg> out;
+    for (const auto& [k, a] : agg) {
+        auto& o = out[{k.first, k.second}];
+        o.calls += a.calls;
+        o.total += a.total;
+        o.mpi += a.mpi;
+        o.wait += a.wait;
+    }
+    return out;
 }
 
 template <class T>
@@ -540,12 +644,17 @@ std::string write_file(const std::string& path, const std::string& head, const s
 // Returns false when ranks recorded different numbers of world collectives.
 bool measure_waits(std::vector<ThreadEvents>& threads, const ClockMap& map, MPI_Comm comm,
                    int rank) {
-    std::vector<Event*> world;
+    struct World {
+        const Event* e;
+        Collective* c;
+    };
+    std::vector<World> world;
     for (auto& t : threads)
-        for (auto& e : t.events)
-            if (e.world_index >= 0) world.push_back(&e);
+        for (const auto& e : t.events)
+            if (e.coll && t.colls[e.coll - 1].world_index >= 0)
+                world.push_back({&e, &t.colls[e.coll - 1]});
     std::sort(world.begin(), world.end(),
-              [](const Event* a, const Event* b) { return a->world_index < b->world_index; });
+              [](const World& a, const World& b) { return a.c->world_index < b.c->world_index; });
     const auto n = static_cast<std::int64_t>(world.size());
     std::int64_t range[2] = {n, -n};
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT64_T, MPI_MAX, comm),
@@ -553,45 +662,40 @@ bool measure_waits(std::vector<ThreadEvents>& threads, const ClockMap& map, MPI_
     if (range[0] != -range[1]) return false;
     std::vector<std::int64_t> entry(2 * static_cast<std::size_t>(n), INT64_MIN);
     for (std::int64_t i = 0; i < n; ++i) {
-        const Event& e = *world[i];
-        entry[i] = map(e.t0);
-        if (e.kind == Kind::broadcast && e.root == rank) entry[n + i] = map(e.t0);
+        const auto [e, c] = world[i];
+        entry[i] = map(e->t0);
+        if (c->kind == Kind::broadcast && c->root == rank) entry[n + i] = entry[i];
     }
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, entry.data(), static_cast<int>(2 * n), MPI_INT64_T,
                             MPI_MAX, comm),
               "mpiml::profile_stop");
     for (std::int64_t i = 0; i < n; ++i) {
-        Event& e = *world[i];
-        const std::int64_t last = e.kind == Kind::broadcast ? entry[n + i] : entry[i];
-        const std::int64_t dur = map(e.t1) - map(e.t0);
-        e.wait_ns = std::clamp<std::int64_t>(last - map(e.t0), 0, std::max<std::int64_t>(dur, 0));
-        e.wait_exact = true;
+        const auto [e, c] = world[i];
+        const std::int64_t last = c->kind == Kind::broadcast ? entry[n + i] : entry[i];
+        const std::int64_t dur = map(e->t1) - map(e->t0);
+        c->wait_ns = std::clamp<std::int64_t>(last - map(e->t0), 0, std::max<std::int64_t>(dur, 0));
+        c->wait_exact = true;
     }
     return true;
 }
 
-// Sends (rank > 0) or receives (rank 0, into f) one rank's events text.
-void send_text(const std::string& text, MPI_Comm comm) {
-    std::uint64_t n = text.size();
-    check_mpi(MPI_Send(&n, 1, MPI_UINT64_T, 0, 3, comm), "mpiml::profile_stop");
-    constexpr std::uint64_t chunk = std::uint64_t{1} << 30;
-    for (std::uint64_t done = 0; done < n; done += chunk)
-        check_mpi(MPI_Send(text.data() + done, static_cast<int>(std::min(chunk, n - done)),
-                           MPI_CHAR, 0, 4, comm),
-                  "mpiml::profile_stop");
+// A rank's events text travels to rank 0 in chunks; an empty one ends it.
+void send_chunk(const std::string& text, MPI_Comm comm) {
+    check_mpi(MPI_Send(text.data(), static_cast<int>(text.size()), MPI_CHAR, 0, 4, comm),
+              "mpiml::profile_stop");
 }
 
 void recv_text(int from, std::ofstream& f, MPI_Comm comm) {
-    std::uint64_t n = 0;
-    check_mpi(MPI_Recv(&n, 1, MPI_UINT64_T, from, 3, comm, MPI_STATUS_IGNORE),
-              "mpiml::profile_stop");
-    constexpr std::uint64_t chunk = std::uint64_t{1} << 30;
     std::string buf;
-    for (std::uint64_t done = 0; done < n; done += chunk) {
-        buf.resize(std::min(chunk, n - done));
-        check_mpi(MPI_Recv(buf.data(), static_cast<int>(buf.size()), MPI_CHAR, from, 4, comm,
-                           MPI_STATUS_IGNORE),
+    for (;;) {
+        MPI_Status st;
+        check_mpi(MPI_Probe(from, 4, comm, &st), "mpiml::profile_stop");
+        int n = 0;
+        MPI_Get_count(&st, MPI_CHAR, &n);
+        buf.resize(static_cast<std::size_t>(n));
+        check_mpi(MPI_Recv(buf.data(), n, MPI_CHAR, from, 4, comm, MPI_STATUS_IGNORE),
                   "mpiml::profile_stop");
+        if (n == 0) return;
         f << buf;
     }
 }
@@ -617,11 +721,7 @@ void profile_region(const char* name, std::int64_t t0, std::uint32_t generation)
     if (!profile_on.load(std::memory_order_relaxed) ||
         generation != profile_generation.load(std::memory_order_relaxed))
         return;
-    Event e;
-    e.name = name;
-    e.t0 = t0;
-    e.t1 = t1;
-    push(e);
+    push(Event{name, t0, t1, 0});
 }
 
 void profile_collective(const ProfileMark& m) {
@@ -629,26 +729,23 @@ void profile_collective(const ProfileMark& m) {
     if (!profile_on.load(std::memory_order_relaxed) ||
         m.generation != profile_generation.load(std::memory_order_relaxed))
         return;
-    Event e;
-    e.name = kind_name(m.info.kind);
-    e.t0 = m.t0;
-    e.t1 = t1;
-    e.call = m.info.call;
-    e.count = m.info.count;
+    Collective c{};
+    c.call = m.info.call;
+    c.count = m.info.count;
     if (m.info.type != MPI_DATATYPE_NULL) {
         int size = 0;
         MPI_Type_size(m.info.type, &size);
-        e.bytes = m.info.count * static_cast<std::uint64_t>(size);
-        e.type = datatype_name(m.info.type);
+        c.bytes = m.info.count * static_cast<std::uint64_t>(size);
+        c.type = datatype_name(m.info.type);
     }
-    e.seq = m.seq;
-    e.check_ns = m.check_ns;
-    if (m.check_ns >= 0) e.wait_ns = m.check_ns;  // replaced by the exact wait on the world
-    e.op = m.info.op_id;
-    e.root = m.info.root;
-    e.kind = m.info.kind;
-    if (m.info.comm == MPI_COMM_WORLD) e.world_index = prof().world_count.fetch_add(1);
-    push(e);
+    c.seq = m.seq;
+    c.check_ns = m.check_ns;
+    c.wait_ns = m.check_ns;  // -1 or the check's time; replaced by the exact wait on the world
+    c.op = m.info.op_id;
+    c.root = m.info.root;
+    c.kind = m.info.kind;
+    c.world_index = m.info.comm == MPI_COMM_WORLD ? prof().world_count.fetch_add(1) : -1;
+    push(Event{kind_name(m.info.kind), m.t0, t1, 0}, c);
 }
 
 void profile_from_environment() {
@@ -657,7 +754,7 @@ void profile_from_environment() {
     if (const std::string err = make_dir(dir); !err.empty())
         fail("mpiml", std::string("MPIML_PROFILE: ") + err);
     begin_recording(dir, true);
-    buffer();
+    buffer().events.prepare();
     prof().main_tid = tl_buffer->tid;
     profile_on = true;
 }
@@ -687,7 +784,7 @@ void profile_start(std::string dir) {
         throw;
     }
     MPI_Comm_free(&comm);
-    detail::buffer();
+    detail::buffer().events.prepare();
     p.main_tid = detail::tl_buffer->tid;
     detail::profile_on = true;
 }
@@ -716,9 +813,16 @@ void profile_stop() {
         dir = p.dir;
         for (auto& t : p.threads) {
             std::lock_guard tl(t->m);
-            if (t->events.empty() && t->tid != p.main_tid) continue;
-            threads.push_back({t->tid, std::move(t->events)});
+            if (t->events.size() == 0 && t->tid != p.main_tid) continue;
+            ThreadEvents te;
+            te.tid = t->tid;
+            te.events.resize(t->events.size());
+            for (std::size_t i = 0; i < te.events.size(); ++i) te.events[i] = t->events[i];
+            te.colls.resize(t->colls.size());
+            for (std::size_t i = 0; i < te.colls.size(); ++i) te.colls[i] = t->colls[i];
             t->events.clear();
+            t->colls.clear();
+            threads.push_back(std::move(te));
         }
     }
     for (auto& t : threads) std::sort(t.events.begin(), t.events.end(), before);
@@ -741,7 +845,6 @@ void profile_stop() {
     const double wall = static_cast<double>(span[1] - origin) * 1e-9;
 
     const bool waits = measure_waits(threads, map, comm, rank);
-    const std::string body = events_json(rank, p.main_tid, threads, map, origin);
 
     // This rank's file.
     std::string error = make_dir(dir);
@@ -754,12 +857,22 @@ void profile_stop() {
                   rank, size, wall, map.c1.offset, map.c1.measured,
                   static_cast<long long>(map.c1.rtt), map.c1.same_host ? "true" : "false",
                   waits ? "measured" : "omitted: ranks issued different numbers of collectives");
-    if (error.empty()) error = write_file(rank_path, "{\"traceEvents\":[\n", body, other);
+    if (error.empty()) {
+        std::ofstream f(rank_path, std::ios::binary | std::ios::trunc);
+        f << "{\"traceEvents\":[\n";
+        Chunker ch([&](const std::string& text) { f << text; });
+        events_json(ch, rank, p.main_tid, threads, map, origin);
+        f << other;
+        f.close();
+        if (!f) error = "cannot write '" + rank_path + "'";
+    }
 
     // The merged timeline, streamed rank by rank into rank 0's file.
     if (rank == 0) {
         std::ofstream f(dir + "/timeline.json", std::ios::binary | std::ios::trunc);
-        f << "{\"traceEvents\":[\n" << body;
+        f << "{\"traceEvents\":[\n";
+        Chunker ch([&](const std::string& text) { f << text; });
+        events_json(ch, rank, p.main_tid, threads, map, origin);
         for (int r = 1; r < size; ++r) {
             f << ",\n";
             recv_text(r, f, comm);
@@ -772,7 +885,9 @@ void profile_stop() {
         f.close();
         if (!f && error.empty()) error = "cannot write '" + dir + "/timeline.json'";
     } else {
-        send_text(body, comm);
+        Chunker ch([&](const std::string& text) { send_chunk(text, comm); });
+        events_json(ch, rank, p.main_tid, threads, map, origin);
+        send_chunk("", comm);
     }
 
     // Summary: every rank's totals to rank 0.
