@@ -611,7 +611,7 @@ std::string summary_table(const std::vector<Row>& rows, int size, double wall,
                     "ranks), mpi = in collectives, wait = for other ranks\n";
     char line[256];
     std::snprintf(line, sizeof line, "%-*s %-6s %5s %11s %10s %10s %10s %6s %6s %10s %10s\n",
-                  static_cast<int>(w), "region", "kind", "ranks", "calls", "min", "mean", "max",
+                  static_cast<int>(w), "name", "kind", "ranks", "calls", "min", "mean", "max",
                   "%wall", "imbal", "mpi", "wait");
     s += line;
     for (const auto& r : rows) {
