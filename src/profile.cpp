@@ -627,7 +627,7 @@ std::string summary_table(const std::vector<Row>& rows, int size, double wall,
     }
     s += "files: " + dir + "/profile_<rank>.json, " + dir + "/timeline.json (open in " +
          "https://ui.perfetto.dev or chrome://tracing), " + dir + "/summary.csv, " + dir +
-         "/summary.json\n";
+         "/summary.json";
     return s;
 }
 
@@ -913,6 +913,8 @@ void profile_stop() {
             unpack(all.data() + displs[r], all.data() + displs[r] + counts[r], r, size, rows);
         const auto table = summarize(rows, size, wall);
         std::string text = summary_table(table, size, wall, dir);
+        text += "; written in " + fmt("%.3f", static_cast<double>(profile_now() - stop) * 1e-9) +
+                " s\n";
         if (!waits)
             text += "note: ranks issued different numbers of collectives on MPI_COMM_WORLD; "
                     "wait times are not measured\n";
