@@ -71,6 +71,8 @@ private:
 void profile_collective(const ProfileMark& mark);
 /// Starts profiling at initialization when MPIML_PROFILE=DIR is set (not collective).
 void profile_from_environment();
+/// Stops profiling without writing anything (the parent process of mpi_fork).
+void profile_discard();
 
 // Watchdog (watchdog.cpp).
 void watchdog_arm(const CallInfo& info, std::uint64_t seq);

@@ -748,6 +748,11 @@ void profile_collective(const ProfileMark& m) {
     push(Event{kind_name(m.info.kind), m.t0, t1, 0}, c);
 }
 
+void profile_discard() {
+    if (!profile_on.exchange(false)) return;
+    profile_generation.fetch_add(1);
+}
+
 void profile_from_environment() {
     const char* dir = std::getenv("MPIML_PROFILE");
     if (!dir || !*dir || profiling()) return;
@@ -853,10 +858,12 @@ void profile_stop() {
     std::snprintf(other, sizeof other,
                   "\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"rank\":%d,\"ranks\":%d,"
                   "\"wall_s\":%.9f,\"clock\":{\"offset_ns\":%.0f,\"measured_offset_ns\":%.0f,"
-                  "\"rtt_ns\":%lld,\"same_host_as_rank_0\":%s},\"wait_times\":\"%s\"}}\n",
+                  "\"rtt_ns\":%lld,\"same_host_as_rank_0\":%s},\"wait_times\":\"%s\","
+                  "\"started_by\":\"%s\"}}\n",
                   rank, size, wall, map.c1.offset, map.c1.measured,
                   static_cast<long long>(map.c1.rtt), map.c1.same_host ? "true" : "false",
-                  waits ? "measured" : "omitted: ranks issued different numbers of collectives");
+                  waits ? "measured" : "omitted: ranks issued different numbers of collectives",
+                  p.from_env ? "MPIML_PROFILE" : "profile_start");
     if (error.empty()) {
         std::ofstream f(rank_path, std::ios::binary | std::ios::trunc);
         f << "{\"traceEvents\":[\n";

@@ -45,3 +45,22 @@ if(NOT ranks EQUAL 2)
   message(FATAL_ERROR "summary.json: ranks = ${ranks}")
 endif()
 message("profile files OK")
+
+# mpi_fork from a process that initialized MPI (and so started profiling):
+# the files must be the 2 ranks', not overwritten by the parent at its exit.
+file(REMOVE_RECURSE ${DIR})
+execute_process(COMMAND ${PROG} --fork 2
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message("${out}${err}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "mpi_fork run: exit code ${rc}")
+endif()
+if(NOT out MATCHES "mpiml profile: 2 ranks" OR out MATCHES "mpiml profile: 1 rank")
+  message(FATAL_ERROR "mpi_fork run: expected one summary, from 2 ranks")
+endif()
+file(READ ${DIR}/summary.json sj)
+string(JSON ranks GET "${sj}" ranks)
+if(NOT ranks EQUAL 2)
+  message(FATAL_ERROR "mpi_fork run: summary.json has ranks = ${ranks}")
+endif()
+message("mpi_fork profile OK")
