@@ -7,5 +7,6 @@
 #include <mpiml/failure.hpp>
 #include <mpiml/launch.hpp>
 #include <mpiml/print.hpp>
+#include <mpiml/profile.hpp>
 #include <mpiml/session.hpp>
 #include <mpiml/stats.hpp>
