@@ -8,4 +8,5 @@
 #include <mpiml/launch.hpp>
 #include <mpiml/print.hpp>
 #include <mpiml/session.hpp>
+#include <mpiml/shm.hpp>
 #include <mpiml/stats.hpp>
