@@ -262,6 +262,7 @@ Kernel kernel_of(Op op) {
 }
 
 // The kernel for a built-in datatype and op; combine == nullptr when unsupported.
+// MPI_WCHAR is left to MPI, which defines no reductions on it.
 Kernel resolve(MPI_Datatype t, Op op) {
     Kernel k;
     if (t == MPI_FLOAT) k = kernel_of<float>(op);
@@ -276,7 +277,6 @@ Kernel resolve(MPI_Datatype t, Op op) {
     else if (t == MPI_UNSIGNED_SHORT || t == MPI_UINT16_T) k = kernel_of<std::uint16_t>(op);
     else if (t == MPI_SIGNED_CHAR || t == MPI_INT8_T) k = kernel_of<std::int8_t>(op);
     else if (t == MPI_UNSIGNED_CHAR || t == MPI_UINT8_T) k = kernel_of<std::uint8_t>(op);
-    else if (t == MPI_WCHAR) k = kernel_of<wchar_t>(op);
     else if (t == MPI_LONG_DOUBLE) k = kernel_of<long double>(op);
     else if (t == MPI_CXX_BOOL || t == MPI_C_BOOL) k = kernel_of<bool>(op);
     else if (t == MPI_CXX_FLOAT_COMPLEX || t == MPI_C_FLOAT_COMPLEX) k = kernel_of<std::complex<float>>(op);

@@ -214,6 +214,21 @@ bool same_bits(const T& a, const T& b) {
     return std::memcmp(&a, &b, value_bytes<T>()) == 0;
 }
 
+bool is_open_mpi() {
+    char v[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(v, &len);
+    return std::string(v, static_cast<std::size_t>(len)).find("Open MPI") != std::string::npos;
+}
+
+// Open MPI 4.1 compares MPI_UNSIGNED_LONG as signed in MPI_MIN / MPI_MAX
+// (min(2^63 + 1, 5) gives 2^63 + 1): there only the fixed-order check applies.
+template <class T>
+bool mpi_trusted(Op op) {
+    if (std::is_same_v<T, unsigned long> && (op == Op::min || op == Op::max)) return !is_open_mpi();
+    return true;
+}
+
 // allreduce through the shared-memory path vs MPI_Allreduce, out of place and
 // in place, every op the type allows.
 template <class T>
@@ -234,7 +249,7 @@ void check_type() {
             mpiml::allreduce(in, out, op);
             std::size_t bad = 0, inexact = 0;
             for (std::size_t i = 0; i < n; ++i) {
-                if (!close(out[i], ref[i]) && bad++ == 0)
+                if (mpi_trusted<T>(op) && !close(out[i], ref[i]) && bad++ == 0)
                     ADD_FAILURE() << "first difference from MPI_Allreduce at " << i;
                 if (!same_bits(out[i], expected<T>(op, i)) && inexact++ == 0)
                     ADD_FAILURE() << "first difference from the fixed order at " << i;
@@ -259,7 +274,13 @@ TEST(ShmAllreduce, Long) { check_type<long>(); }
 TEST(ShmAllreduce, ULong) { check_type<unsigned long>(); }
 TEST(ShmAllreduce, LongLong) { check_type<long long>(); }
 TEST(ShmAllreduce, ULongLong) { check_type<unsigned long long>(); }
-TEST(ShmAllreduce, WChar) { check_type<wchar_t>(); }
+
+// MPI defines no reduction on MPI_WCHAR: both paths refuse it alike.
+TEST(ShmAllreduce, WCharIsLeftToMpi) {
+    ForceShm on;
+    std::vector<wchar_t> w(100000, L'a');
+    EXPECT_THROW(mpiml::allreduce(w, Op::max), mpiml::Error);
+}
 TEST(ShmAllreduce, Float) { check_type<float>(); }
 TEST(ShmAllreduce, Double) { check_type<double>(); }
 TEST(ShmAllreduce, LongDouble) { check_type<long double>(); }
