@@ -1,6 +1,6 @@
 // Shared-memory path vs MPI, measured side by side in one run.
 //
-//   mpirun -np 2 bench_shm [--rounds R] [--max-mib M] [--no-bcast] [--no-grads]
+//   mpirun -np 2 bench_shm [--rounds R] [--min-bytes B] [--max-mib M] [--no-bcast] [--no-grads]
 //
 // For each size: single-core memcpy time (calibration), MPI_Allreduce,
 // mpiml::allreduce forced onto the shared-memory path, and mpiml::allreduce as
@@ -50,25 +50,20 @@ std::vector<double> best_of(int rounds, int iters, const std::vector<std::functi
     return best;
 }
 
-// Single-core memcpy of n bytes (rank 0; the others wait), seconds.
-double memcpy_time(std::size_t n, int rounds, int iters) {
-    double t = 0;
-    if (g_rank == 0) {
-        std::vector<char> a(std::max<std::size_t>(n, 1), 1), b(std::max<std::size_t>(n, 1), 2);
+// Single-core memcpy of n bytes on rank 0 (the others idle), as one more
+// method in best_of, so that it is measured under the same conditions.
+struct MemcpyProbe {
+    explicit MemcpyProbe(std::size_t n_)
+        : n(n_), a(g_rank == 0 ? std::max<std::size_t>(n_, 1) : 1, 1),
+          b(g_rank == 0 ? std::max<std::size_t>(n_, 1) : 1, 2) {}
+    void operator()() {
+        if (g_rank != 0) return;
         std::memcpy(b.data(), a.data(), n);
-        t = 1e30;
-        for (int r = 0; r < rounds; ++r) {
-            const auto t0 = Clock::now();
-            for (int i = 0; i < iters; ++i) {
-                std::memcpy(b.data(), a.data(), n);
-                asm volatile("" ::"r"(b.data()) : "memory");
-            }
-            t = std::min(t, std::chrono::duration<double>(Clock::now() - t0).count() / iters);
-        }
+        asm volatile("" ::"r"(b.data()) : "memory");
     }
-    MPI_Bcast(&t, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-    return t;
-}
+    std::size_t n;
+    std::vector<char> a, b;
+};
 
 int iters_for(std::size_t bytes) {
     const std::size_t budget = std::size_t{48} << 20;  // bytes per timed block
@@ -83,21 +78,22 @@ std::string human(std::size_t b) {
     return s;
 }
 
-void bench_allreduce(std::size_t max_bytes, int rounds) {
+void bench_allreduce(std::size_t min_bytes, std::size_t max_bytes, int rounds) {
     if (g_rank == 0) {
         std::printf("\n## allreduce, float32 sum, out of place, %d ranks\n", g_size);
         std::printf("%-9s %9s %11s %11s %11s %9s %9s %10s\n", "size", "memcpy", "MPI us",
                     "shm us", "auto us", "shm/MPI", "auto/MPI", "shm busbw");
-        std::printf("%-9s %9s %11s %11s %11s %9s %9s %10s\n", "", "GB/s", "", "", "",
+        std::printf("%-9s %9s %11s %11s %11s %9s %9s %10s\n", "", "GB/s r+w", "", "", "",
                     "speedup", "time", "GB/s");
     }
-    for (std::size_t bytes = 4; bytes <= max_bytes; bytes *= 2) {
+    for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
         const std::size_t n = bytes / sizeof(float);
         std::vector<float> in(n, 1.0f + static_cast<float>(g_rank)), out(n, 0.0f);
         const int it = iters_for(bytes);
-        const double tm = memcpy_time(bytes, rounds, it);
+        MemcpyProbe probe(bytes);
         auto t = best_of(rounds, it,
-                         {[&] {
+                         {std::ref(probe),
+                          [&] {
                               MPI_Allreduce(in.data(), out.data(), static_cast<int>(n), MPI_FLOAT,
                                             MPI_SUM, MPI_COMM_WORLD);
                           },
@@ -108,10 +104,10 @@ void bench_allreduce(std::size_t max_bytes, int rounds) {
                           },
                           [&] { mpiml::allreduce(in, out, mpiml::Op::sum); }});
         if (g_rank == 0) {
-            const double busbw = 2.0 * (g_size - 1) / g_size * bytes / t[1] / 1e9;
+            const double busbw = 2.0 * (g_size - 1) / g_size * bytes / t[2] / 1e9;
             std::printf("%-9s %9.2f %11.2f %11.2f %11.2f %9.2f %9.3f %10.2f\n",
-                        human(bytes).c_str(), bytes / tm / 1e9, t[0] * 1e6, t[1] * 1e6,
-                        t[2] * 1e6, t[0] / t[1], t[2] / t[0], busbw);
+                        human(bytes).c_str(), 2.0 * bytes / t[0] / 1e9, t[1] * 1e6, t[2] * 1e6,
+                        t[3] * 1e6, t[1] / t[2], t[3] / t[1], busbw);
             std::fflush(stdout);
         }
     }
@@ -205,14 +201,16 @@ void bench_grads(int rounds) {
     std::vector<float> flat(n, 0.5f + static_cast<float>(g_rank));
     auto flat_mpiml = [&] { mpiml::allreduce(flat, mpiml::Op::sum); };
 
-    const double tm = memcpy_time(bytes, rounds, 3);
-    auto t = best_of(rounds, 3, {plain, view, flat_mpiml});
+    MemcpyProbe probe(bytes);
+    auto all = best_of(rounds, 3, {std::ref(probe), plain, view, flat_mpiml});
+    const double tm = all[0];
+    const std::vector<double> t(all.begin() + 1, all.end());
     if (g_rank == 0) {
         const double bound = 1.25 * tm;
         std::printf("\n## gradient averaging, ResNet-50 sized: %zu tensors, %zu float32 (%.1f MB), %d ranks\n",
                     sizes.size(), n, bytes / 1e6, g_size);
-        std::printf("memcpy of n bytes (1 core): %.2f ms (%.2f GB/s); memory bound T = 1.25 x memcpy = %.2f ms\n",
-                    tm * 1e3, bytes / tm / 1e9, bound * 1e3);
+        std::printf("memcpy of n bytes (1 core): %.2f ms (%.2f GB/s read+written); memory bound T = 1.25 x memcpy = %.2f ms\n",
+                    tm * 1e3, 2.0 * bytes / tm / 1e9, bound * 1e3);
         std::printf("%-44s %9.2f ms\n", "plain: pack 25 MiB buckets + MPI_Allreduce", t[0] * 1e3);
         std::printf("%-44s %9.2f ms  speedup %.2fx  efficiency T/t = %.0f%%\n",
                     "bucket view: SharedBucket::average", t[1] * 1e3, t[0] / t[1],
@@ -229,12 +227,13 @@ int main(int argc, char** argv) {
     g_rank = session.rank();
     g_size = session.size();
     int rounds = 5;
-    std::size_t max_mib = 128;
+    std::size_t max_mib = 128, min_bytes = 4;
     bool bcast = true, grads = true;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
         else if (a == "--max-mib" && i + 1 < argc) max_mib = std::strtoul(argv[++i], nullptr, 10);
+        else if (a == "--min-bytes" && i + 1 < argc) min_bytes = std::strtoul(argv[++i], nullptr, 10);
         else if (a == "--no-bcast") bcast = false;
         else if (a == "--no-grads") grads = false;
         else {
@@ -253,7 +252,7 @@ int main(int argc, char** argv) {
                     c.chunk >> 10, c.allreduce_threshold,
                     c.mode == shm::Mode::on ? "on" : c.mode == shm::Mode::off ? "off" : "auto");
     }
-    bench_allreduce(max_mib << 20, rounds);
+    bench_allreduce(min_bytes, max_mib << 20, rounds);
     if (bcast) bench_broadcast(max_mib << 20, rounds);
     if (grads) bench_grads(rounds);
     return 0;
