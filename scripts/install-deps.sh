@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what mpiml needs from Debian's packages (only what is missing).
+# Open MPI is the default MPI; MPICH is installed beside it for the tests.
 #   scripts/install-deps.sh          build + tests
 #   scripts/install-deps.sh --bench  also the Python peers for benchmarks
 set -euo pipefail
 pkgs=(build-essential cmake ccache pkg-config bc
-      libopenmpi-dev openmpi-bin
+      libopenmpi-dev openmpi-bin mpich libmpich-dev
       libtorch-dev libgtest-dev libgmock-dev libbenchmark-dev
       libfmt-dev libcli11-dev nlohmann-json3-dev)
 if [ "${1:-}" = "--bench" ]; then

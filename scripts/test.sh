@@ -49,6 +49,18 @@ else
 fi
 rm -rf "$prefix"
 
+stage "core, mpi_fork and fault tests against MPICH"
+mpich=$root/build-mpich
+if cmake -S "$root" -B "$mpich" -DMPIML_WITH_TORCH=OFF -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF \
+     -DMPI_CXX_COMPILER=mpicxx.mpich -DMPIEXEC_EXECUTABLE=/usr/bin/mpiexec.mpich > "$mpich.configure.log" 2>&1 &&
+   cmake --build "$mpich" -j"$(nproc)" > "$mpich.build.log" 2>&1; then
+  log=$mpich/ctest.log
+  ctest --test-dir "$mpich" --output-on-failure -j2 2>&1 | tee "$log" | grep -vE "^\s*(Start|[0-9]+/[0-9]+ Test)" | tail -8
+  count "$log"
+else
+  echo "MPICH build FAILED"; tail -30 "$mpich.configure.log" "$mpich.build.log"; failed=$((failed + 1))
+fi
+
 stage "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 asan=$root/build-asan
 if cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DMPIML_SANITIZE=ON -DMPIML_WITH_TORCH=OFF \
