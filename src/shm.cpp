@@ -382,15 +382,16 @@ namespace {
 int ctx_keyval = MPI_KEYVAL_INVALID;
 bool hook_registered = false;
 
+// Never destroyed: buckets may be released from static destructors.
 std::vector<std::weak_ptr<ShmContext>>& contexts() {
-    static std::vector<std::weak_ptr<ShmContext>> v;
-    return v;
+    static auto* v = new std::vector<std::weak_ptr<ShmContext>>;
+    return *v;
 }
 
 // Shared buckets still alive, by creation number (freed in that order).
 std::map<std::size_t, MPI_Win>& bucket_windows() {
-    static std::map<std::size_t, MPI_Win> m;
-    return m;
+    static auto* m = new std::map<std::size_t, MPI_Win>;
+    return *m;
 }
 std::size_t next_bucket_id = 0;
 
@@ -719,16 +720,14 @@ SharedBucket& SharedBucket::operator=(SharedBucket&& o) noexcept {
 
 void SharedBucket::release() noexcept {
     if (win_ == MPI_WIN_NULL) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
     auto& live = detail::bucket_windows();
     const auto it = live.find(id_);
-    if (it != live.end()) {  // else mpiml's finalize freed it
+    if (!finalized && it != live.end()) {  // else mpiml's finalize freed it
         live.erase(it);
-        int finalized = 0;
-        MPI_Finalized(&finalized);
-        if (!finalized) {
-            MPI_Win_unlock_all(win_);
-            MPI_Win_free(&win_);
-        }
+        MPI_Win_unlock_all(win_);
+        MPI_Win_free(&win_);
     }
     win_ = MPI_WIN_NULL;
     data_ = nullptr;
