@@ -1,6 +1,6 @@
 // Shared-memory path vs MPI, measured side by side in one run.
 //
-//   mpirun -np 2 bench_shm [--rounds R] [--min-bytes B] [--max-mib M] [--no-bcast] [--no-grads]
+//   mpirun -np 2 bench_shm [--rounds R] [--min-bytes B] [--max-mib M | --max-bytes B] [--no-bcast] [--no-grads]
 //
 // For each size: single-core memcpy time (calibration), MPI_Allreduce,
 // mpiml::allreduce forced onto the shared-memory path, and mpiml::allreduce as
@@ -13,6 +13,9 @@
 // Each figure is the best of R rounds; rounds interleave the methods so that
 // load from other processes hits them alike. Times are the slowest rank's.
 #include <mpiml/mpiml.hpp>
+#ifdef MPIML_BENCH_TORCH
+#include <mpiml/torch.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -220,6 +223,48 @@ void bench_grads(int rounds) {
     }
 }
 
+#ifdef MPIML_BENCH_TORCH
+// The same parameter set as LibTorch tensors through mpiml::mpi_avg_grads:
+// packed mode (MPI_Allreduce, i.e. MPIML_SHM=off), packed mode as dispatched
+// by default, and gradient_as_bucket_view.
+void bench_torch_grads(int rounds) {
+    const auto sizes = resnet50_sizes();
+    std::size_t n = 0;
+    std::vector<torch::Tensor> params;
+    for (auto k : sizes) {
+        n += k;
+        auto p = torch::zeros({static_cast<std::int64_t>(k)}, torch::requires_grad());
+        p.mutable_grad() = torch::full_like(p, 0.5 + g_rank);
+        params.push_back(p);
+    }
+    const std::size_t bytes = n * sizeof(float);
+    mpiml::AvgGradsOptions packed, views;
+    views.gradient_as_bucket_view = true;
+    MemcpyProbe probe(bytes);
+    auto t = best_of(rounds, 3,
+                     {std::ref(probe),
+                      [&] {
+                          shm::set_mode(shm::Mode::off);
+                          mpiml::mpi_avg_grads(params, packed);
+                          shm::set_mode(shm::Mode::automatic);
+                      },
+                      [&] { mpiml::mpi_avg_grads(params, packed); },
+                      [&] { mpiml::mpi_avg_grads(params, views); }});
+    if (g_rank == 0) {
+        const double bound = 1.25 * t[0];
+        std::printf("\n## mpiml::mpi_avg_grads (LibTorch), ResNet-50 sized: %zu tensors, %zu float32, %d ranks\n",
+                    sizes.size(), n, g_size);
+        std::printf("memcpy of n bytes (1 core): %.2f ms; T = 1.25 x memcpy = %.2f ms\n", t[0] * 1e3,
+                    bound * 1e3);
+        std::printf("%-44s %9.2f ms\n", "packed, MPI_Allreduce (MPIML_SHM=off)", t[1] * 1e3);
+        std::printf("%-44s %9.2f ms  speedup %.2fx\n", "packed, default dispatch (auto)", t[2] * 1e3,
+                    t[1] / t[2]);
+        std::printf("%-44s %9.2f ms  speedup %.2fx  efficiency T/t = %.0f%%\n",
+                    "gradient_as_bucket_view", t[3] * 1e3, t[1] / t[3], 100 * bound / t[3]);
+    }
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -227,13 +272,14 @@ int main(int argc, char** argv) {
     g_rank = session.rank();
     g_size = session.size();
     int rounds = 5;
-    std::size_t max_mib = 128, min_bytes = 4;
+    std::size_t max_mib = 128, min_bytes = 4, max_bytes = 0;
     bool bcast = true, grads = true;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--rounds" && i + 1 < argc) rounds = std::atoi(argv[++i]);
         else if (a == "--max-mib" && i + 1 < argc) max_mib = std::strtoul(argv[++i], nullptr, 10);
         else if (a == "--min-bytes" && i + 1 < argc) min_bytes = std::strtoul(argv[++i], nullptr, 10);
+        else if (a == "--max-bytes" && i + 1 < argc) max_bytes = std::strtoul(argv[++i], nullptr, 10);
         else if (a == "--no-bcast") bcast = false;
         else if (a == "--no-grads") grads = false;
         else {
@@ -252,8 +298,11 @@ int main(int argc, char** argv) {
                     c.chunk >> 10, c.allreduce_threshold,
                     c.mode == shm::Mode::on ? "on" : c.mode == shm::Mode::off ? "off" : "auto");
     }
-    bench_allreduce(min_bytes, max_mib << 20, rounds);
+    bench_allreduce(min_bytes, max_bytes ? max_bytes : max_mib << 20, rounds);
     if (bcast) bench_broadcast(max_mib << 20, rounds);
     if (grads) bench_grads(rounds);
+#ifdef MPIML_BENCH_TORCH
+    if (grads) bench_torch_grads(rounds);
+#endif
     return 0;
 }

@@ -43,8 +43,8 @@ namespace detail {
 namespace {
 
 // Defaults (see BENCHMARKS.md, "Shared-memory fast path").
-constexpr std::size_t kDefaultAllreduceThreshold = std::size_t{256} << 10;
-constexpr std::size_t kDefaultBroadcastThreshold = ~std::size_t{0};
+constexpr std::size_t kDefaultAllreduceThreshold = std::size_t{4} << 10;
+constexpr std::size_t kDefaultBroadcastThreshold = std::size_t{1} << 10;
 constexpr std::size_t kDefaultChunk = std::size_t{1} << 20;
 constexpr std::size_t kMaxChunk = std::size_t{256} << 20;
 constexpr std::size_t kLine = 64;     // slice alignment, bytes
@@ -581,8 +581,10 @@ void run_broadcast(ShmContext& c, char* buf, std::size_t bytes, int root, const 
     const bool hier = c.num_nodes > 1;
     const bool root_here = c.leader_of[root] == c.leader_of[c.rank];
     const int src_rank = root_here ? c.node_rank_of[root] : 0;
+    // Quarter-chunk rounds: the root fills one set while the others drain the other.
+    const std::size_t piece = std::max<std::size_t>(kLine, c.chunk / 4);
     for (std::size_t done = 0; done < bytes;) {
-        const std::size_t m = std::min(c.chunk, bytes - done);
+        const std::size_t m = std::min(piece, bytes - done);
         char* b = buf + done;
         ++c.round;
         char* src = c.set(src_rank);
@@ -608,12 +610,9 @@ bool usable_comm(MPI_Comm comm) {
 }  // namespace
 
 bool shm_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type,
-                   const ReduceOp& op, MPI_Comm comm, const char* call) {
+                   std::size_t bytes, const ReduceOp& op, MPI_Comm comm, const char* call) {
     const auto& cfg = config_ref();
     if (cfg.mode == shm::Mode::off || !op.known()) return false;
-    int tsize = 0;
-    check_mpi(MPI_Type_size(type, &tsize), call);
-    const std::size_t bytes = count * static_cast<std::size_t>(tsize);
     if (cfg.mode == shm::Mode::automatic && bytes < cfg.allreduce_threshold) return false;
     const Kernel k = resolve(type, *op.known());
     if (!k.combine || !usable_comm(comm)) return false;
@@ -625,17 +624,15 @@ bool shm_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype
     return true;
 }
 
-bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Comm comm,
-                   const char* call) {
+bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, int root,
+                   MPI_Comm comm, const char* call) {
     const auto& cfg = config_ref();
     if (cfg.mode == shm::Mode::off) return false;
-    int tsize = 0;
-    check_mpi(MPI_Type_size(type, &tsize), call);
+    const std::size_t bytes = count * static_cast<std::size_t>(tsize);
+    if (cfg.mode == shm::Mode::automatic && bytes < cfg.broadcast_threshold) return false;
     MPI_Aint lb = 0, extent = 0;
     check_mpi(MPI_Type_get_extent(type, &lb, &extent), call);
     if (lb != 0 || extent != tsize) return false;  // not contiguous bytes
-    const std::size_t bytes = count * static_cast<std::size_t>(tsize);
-    if (cfg.mode == shm::Mode::automatic && bytes < cfg.broadcast_threshold) return false;
     if (!usable_comm(comm)) return false;
     auto c = context(comm, call);
     if (cfg.mode == shm::Mode::automatic && c->max_node_size < 2) return false;
