@@ -42,8 +42,12 @@ namespace mpiml {
 namespace detail {
 namespace {
 
-// Defaults (see BENCHMARKS.md, "Shared-memory fast path").
-constexpr std::size_t kDefaultAllreduceThreshold = std::size_t{4} << 10;
+// Defaults (see BENCHMARKS.md, "Shared-memory fast path"). On one node the
+// shared-memory allreduce measured at least as fast as MPI_Allreduce at every
+// size. Across nodes, small messages pay two leader collectives instead of
+// one MPI_Allreduce, so auto mode leaves those to MPI (not measured: one box).
+constexpr std::size_t kDefaultAllreduceThreshold = 0;
+constexpr std::size_t kMultiNodeMinimum = std::size_t{64} << 10;
 constexpr std::size_t kDefaultBroadcastThreshold = std::size_t{1} << 10;
 constexpr std::size_t kDefaultChunk = std::size_t{1} << 20;
 constexpr std::size_t kMaxChunk = std::size_t{256} << 20;
@@ -617,7 +621,9 @@ bool shm_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype
     const Kernel k = resolve(type, *op.known());
     if (!k.combine || !usable_comm(comm)) return false;
     auto c = context(comm, call);
-    if (cfg.mode == shm::Mode::automatic && c->max_node_size < 2) return false;
+    if (cfg.mode == shm::Mode::automatic &&
+        (c->max_node_size < 2 || (c->num_nodes > 1 && bytes < kMultiNodeMinimum)))
+        return false;
     if (count == 0) return true;
     if (send == MPI_IN_PLACE) send = recv;
     run_allreduce(*c, static_cast<const char*>(send), static_cast<char*>(recv), count, k, call);
@@ -635,7 +641,9 @@ bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, i
     if (lb != 0 || extent != tsize) return false;  // not contiguous bytes
     if (!usable_comm(comm)) return false;
     auto c = context(comm, call);
-    if (cfg.mode == shm::Mode::automatic && c->max_node_size < 2) return false;
+    if (cfg.mode == shm::Mode::automatic &&
+        (c->max_node_size < 2 || (c->num_nodes > 1 && bytes < kMultiNodeMinimum)))
+        return false;
     if (bytes == 0) return true;
     run_broadcast(*c, static_cast<char*>(buf), bytes, root, call);
     return true;
