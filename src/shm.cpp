@@ -24,6 +24,9 @@
 #include <mpiml/shm.hpp>
 
 #include <sched.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -322,6 +325,36 @@ struct Slices {
     int p;
     std::size_t unit, units;
 };
+
+// Copy for destinations not read again soon (large results): non-temporal
+// stores skip reading the destination lines first. Plain memcpy elsewhere.
+constexpr std::size_t kStreamMin = std::size_t{1} << 20;
+void stream_copy(char* dst, const char* src, std::size_t n) {
+#if defined(__SSE2__)
+    if (n >= kStreamMin) {
+        const std::size_t head = (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16;
+        std::memcpy(dst, src, head);
+        dst += head;
+        src += head;
+        n -= head;
+        const std::size_t body = n / 64 * 64;
+        for (std::size_t i = 0; i < body; i += 64) {
+            const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+            const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+            const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+            const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+            _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+            _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+            _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+            _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+        }
+        _mm_sfence();  // order the streaming stores before the barrier's flag
+        std::memcpy(dst + body, src + body, n - body);
+        return;
+    }
+#endif
+    std::memcpy(dst, src, n);
+}
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -796,7 +829,7 @@ void SharedBucket::reduce(std::size_t count, MPI_Datatype type, TypeClass, const
     c.barrier();
     if (!hier) {
         for (int q = 0; q < p; ++q)
-            if (q != me) std::memcpy(mine + sl.off(q) * ts, peer(q) + sl.off(q) * ts, sl.len(q) * ts);
+            if (q != me) stream_copy(mine + sl.off(q) * ts, peer(q) + sl.off(q) * ts, sl.len(q) * ts);
     } else {
         if (me == 0) {
             for (int q = 1; q < p; ++q)
@@ -804,7 +837,7 @@ void SharedBucket::reduce(std::size_t count, MPI_Datatype type, TypeClass, const
             leader_allreduce(c, mine, count, k, average ? c.size : 0, call);
         }
         c.barrier();
-        if (me != 0) std::memcpy(mine, peer(0), count * ts);
+        if (me != 0) stream_copy(mine, peer(0), count * ts);
     }
     c.barrier();  // peers are done reading this bucket
 }

@@ -570,13 +570,14 @@ struct ViewBucket {
     std::unique_ptr<SharedBucket> mem;
 };
 
+using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
 struct ViewState {
     MPI_Comm comm = MPI_COMM_NULL;
     std::size_t cap = 0;
     std::vector<std::tuple<const void*, std::int64_t, int>> signature;
     std::vector<ViewBucket> buckets;
-    // Buckets of an earlier parameter list: gradients may still view them.
-    std::vector<std::unique_ptr<SharedBucket>> retired;
+    std::vector<WeakImpl> params;  // the planned parameters, not kept alive
 };
 
 ViewState& view_state() {
@@ -596,9 +597,25 @@ bool view_eligible(const at::Tensor& p) {
 /// Collective: every rank plans the same buckets from the same parameter list.
 void plan_views(ViewState& st, const std::vector<at::Tensor>& params, std::size_t cap,
                 MPI_Comm comm) {
-    for (auto& b : st.buckets)
-        if (b.mem) st.retired.push_back(std::move(b.mem));
-    st.buckets.clear();
+    // Gradients still viewing the old buckets get their own memory back.
+    for (const WeakImpl& w : st.params) {
+        auto impl = w.lock();
+        if (!impl) continue;
+        const at::Tensor p(std::move(impl));
+        const at::Tensor& g = p.grad();
+        if (!g.defined()) continue;
+        const auto* d = static_cast<const std::byte*>(g.data_ptr());
+        for (const auto& b : st.buckets) {
+            const auto* lo = static_cast<const std::byte*>(b.mem->data());
+            if (d >= lo && d < lo + b.mem->size_bytes()) {
+                p.mutable_grad() = g.clone();
+                break;
+            }
+        }
+    }
+    st.buckets.clear();  // collective: every rank re-plans at the same call
+    st.params.clear();
+    for (const auto& p : params) st.params.emplace_back(p.getIntrusivePtr());
     st.comm = comm;
     st.cap = cap;
     std::vector<Wire> wires;
