@@ -1,7 +1,7 @@
 // OSU-style allreduce and broadcast sweep (mpiml vs raw MPI), a single-core
 // memcpy calibration at every size, and mpi_statistics_scalar.
 //
-//   mpirun -np 2 bench_collectives [--min-bytes=4] [--max-bytes=67108864]
+//   mpirun -np 2 bench_collectives [--min-bytes=4] [--max-bytes=67108864] [--step=2]
 //       [--rounds=7] [--round-ms=20] [--parts=sweep,stats]
 //       [--stats-sizes=1000,1000000]
 //
@@ -10,6 +10,7 @@
 
 #include <mpiml/mpiml.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -33,12 +34,14 @@ std::vector<long> parse_list(const std::string& s) {
     return out;
 }
 
-void sweep(std::size_t min_bytes, std::size_t max_bytes, const bench::Protocol& proto) {
+void sweep(std::size_t min_bytes, std::size_t max_bytes, std::size_t step,
+           const bench::Protocol& proto) {
     const int p = bench::size();
     const std::size_t max_n = max_bytes / sizeof(float);
     std::vector<float> send(max_n, 1.0f), recv(max_n, 0.0f), bcast(max_n, 1.0f);
     std::vector<char> csrc(max_bytes, 1), cdst(max_bytes, 0);
-    for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
+    step = std::max<std::size_t>(step, 2);
+    for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= step) {
         const std::size_t n = bytes / sizeof(float);
         std::span<const float> s(send.data(), n);
         std::span<float> r(recv.data(), n), b(bcast.data(), n);
@@ -131,8 +134,17 @@ int main(int argc, char** argv) {
     const auto min_bytes = static_cast<std::size_t>(std::stod(bench::arg(argc, argv, "min-bytes", "4")));
     const auto max_bytes =
         static_cast<std::size_t>(std::stod(bench::arg(argc, argv, "max-bytes", "67108864")));
+    const auto step = static_cast<std::size_t>(std::stoi(bench::arg(argc, argv, "step", "2")));
     const std::string parts = bench::arg(argc, argv, "parts", "sweep,stats");
-    if (parts.find("sweep") != std::string::npos) sweep(min_bytes, max_bytes, proto);
+    if (bench::rank() == 0) {
+        char version[MPI_MAX_LIBRARY_VERSION_STRING];
+        int len = 0;
+        MPI_Get_library_version(version, &len);
+        std::string v(version);  // first line only
+        v = v.substr(0, v.find_first_of("\r\n"));
+        bench::Json().add("suite", "meta").add("mpi_library_version", v).print();
+    }
+    if (parts.find("sweep") != std::string::npos) sweep(min_bytes, max_bytes, step, proto);
     if (parts.find("stats") != std::string::npos)
         statistics(parse_list(bench::arg(argc, argv, "stats-sizes", "1000,1000000")), proto);
     return 0;

@@ -129,7 +129,9 @@ inline std::vector<Timing> measure(const std::vector<Variant>& variants, const P
 class Json {
 public:
     Json& add(const std::string& k, const std::string& v) {
-        return raw(k, "\"" + escape(v) + "\"");
+        std::string q(1, '"');
+        q.append(escape(v)).push_back('"');
+        return raw(k, q);
     }
     Json& add(const std::string& k, const char* v) { return add(k, std::string(v)); }
     Json& add(const std::string& k, double v) {
@@ -149,8 +151,8 @@ public:
 
 private:
     Json& raw(const std::string& k, const std::string& v) {
-        if (!body_.empty()) body_ += ", ";
-        body_ += "\"" + escape(k) + "\": " + v;
+        if (!body_.empty()) body_.append(", ");
+        body_.append(1, '"').append(escape(k)).append("\": ").append(v);
         return *this;
     }
     static std::string escape(const std::string& s) {
