@@ -210,7 +210,7 @@ CollectiveScope::~CollectiveScope() {
 
 void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type, TypeClass cls,
                const ReduceOp& op, MPI_Comm comm, const char* call) {
-    ensure_initialized();
+    ensure_initialized(call);
     check_op(op, cls, type, call);
     if (count > 0 && recv == nullptr) fail(call, "recv buffer is null");
     int tsize = 0;
@@ -238,7 +238,7 @@ void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype typ
 
 void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Comm comm,
                const char* call) {
-    ensure_initialized();
+    ensure_initialized(call);
     check_root(root, comm, call);
     if (count > 0 && buf == nullptr) fail(call, "buffer is null");
     int tsize = 0;
@@ -256,7 +256,7 @@ void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Co
 
 void allgather(const void* send, void* recv, std::size_t count, MPI_Datatype type,
                MPI_Comm comm, const char* call) {
-    ensure_initialized();
+    ensure_initialized(call);
     if (count > static_cast<std::size_t>(INT_MAX))
         fail(call, "more than INT_MAX elements per rank");
     CollectiveScope scope({Kind::allgather, call, count, type, -1, -1, comm});
@@ -266,17 +266,17 @@ void allgather(const void* send, void* recv, std::size_t count, MPI_Datatype typ
 }
 
 void barrier(MPI_Comm comm, const char* call) {
-    ensure_initialized();
+    ensure_initialized(call);
     CollectiveScope scope({Kind::barrier, call, 0, MPI_DATATYPE_NULL, -1, -1, comm});
     check_mpi(MPI_Barrier(comm), call);
 }
 
 }  // namespace detail
 
-void barrier(Comm comm) { detail::barrier(comm.get(), "mpiml::barrier"); }
+void barrier(Comm comm) { detail::barrier(comm.get("mpiml::barrier"), "mpiml::barrier"); }
 
 void broadcast(std::string& s, int root, Comm comm) {
-    const MPI_Comm c = comm.get();
+    const MPI_Comm c = comm.get("mpiml::broadcast");
     unsigned long long n = s.size();
     detail::broadcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, c, "mpiml::broadcast");
     s.resize(n);

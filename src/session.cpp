@@ -48,13 +48,13 @@ bool parse_bool(const char* name, const char* v) {
     fail("mpiml", std::string(name) + "='" + s + "' is not a boolean (use 1 or 0)");
 }
 
-void initialize(int* argc, char*** argv, const SessionOptions& opts) {
+void initialize(int* argc, char*** argv, const SessionOptions& opts, const char* call = "mpiml") {
     std::lock_guard lock(init_mutex);
     auto& s = state();
     if (s.ready) return;
     int flag = 0;
     MPI_Finalized(&flag);
-    if (flag) fail("mpiml", "MPI has been finalized; no mpiml call may follow MPI_Finalize");
+    if (flag) fail(call, "MPI has been finalized; no mpiml call may follow MPI_Finalize");
     MPI_Initialized(&flag);
     if (!flag) {
         check_mpi(MPI_Init_thread(argc, argv, opts.thread_level, &s.provided), "MPI_Init_thread");
@@ -101,16 +101,16 @@ void read_environment(State& s) {
 
 using detail::state;
 
-MPI_Comm Comm::get() const {
-    ensure_initialized();
+MPI_Comm Comm::get(const char* call) const {
+    ensure_initialized(call);
     if (!set_) return state().default_comm;
-    if (comm_ == MPI_COMM_NULL) detail::fail("mpiml", "communicator is MPI_COMM_NULL");
+    if (comm_ == MPI_COMM_NULL) detail::fail(call, "communicator is MPI_COMM_NULL");
     return comm_;
 }
 
-void ensure_initialized() {
+void ensure_initialized(const char* call) {
     if (state().ready) return;
-    detail::initialize(nullptr, nullptr, SessionOptions{});
+    detail::initialize(nullptr, nullptr, SessionOptions{}, call);
 }
 
 Session::Session(SessionOptions opts) { start(nullptr, nullptr, opts); }
@@ -161,13 +161,13 @@ bool is_finalized() {
 
 int proc_id(Comm comm) {
     int r = 0;
-    detail::check_mpi(MPI_Comm_rank(comm.get(), &r), "mpiml::proc_id");
+    detail::check_mpi(MPI_Comm_rank(comm.get("mpiml::proc_id"), &r), "mpiml::proc_id");
     return r;
 }
 
 int num_procs(Comm comm) {
     int n = 0;
-    detail::check_mpi(MPI_Comm_size(comm.get(), &n), "mpiml::num_procs");
+    detail::check_mpi(MPI_Comm_size(comm.get("mpiml::num_procs"), &n), "mpiml::num_procs");
     return n;
 }
 

@@ -85,14 +85,14 @@ void allreduce(const S& send, R&& recv, ReduceOp op, Comm comm = {}) {
                                              " elements but recv has " +
                                              std::to_string(std::ranges::size(recv)));
     detail::allreduce(std::ranges::data(send), std::ranges::data(recv), n, mpi_datatype<T>(),
-                      detail::type_class_of<T>(), op, comm.get(), "mpiml::allreduce");
+                      detail::type_class_of<T>(), op, comm.get("mpiml::allreduce"), "mpiml::allreduce");
 }
 
 /// Scalar allreduce(send, recv, op).
 template <MpiType T>
 void allreduce(const T& send, T& recv, ReduceOp op, Comm comm = {}) {
     detail::allreduce(&send, &recv, 1, mpi_datatype<T>(), detail::type_class_of<T>(), op,
-                      comm.get(), "mpiml::allreduce");
+                      comm.get("mpiml::allreduce"), "mpiml::allreduce");
 }
 
 /// In-place allreduce(x, op) of a range.
@@ -100,7 +100,7 @@ template <MutableMpiRange R>
 void allreduce(R&& x, ReduceOp op, Comm comm = {}) {
     using T = range_elem_t<R>;
     detail::allreduce(MPI_IN_PLACE, std::ranges::data(x), std::ranges::size(x),
-                      mpi_datatype<T>(), detail::type_class_of<T>(), op, comm.get(),
+                      mpi_datatype<T>(), detail::type_class_of<T>(), op, comm.get("mpiml::allreduce"),
                       "mpiml::allreduce");
 }
 
@@ -108,7 +108,7 @@ void allreduce(R&& x, ReduceOp op, Comm comm = {}) {
 template <MpiType T>
 void allreduce(T& x, ReduceOp op, Comm comm = {}) {
     detail::allreduce(MPI_IN_PLACE, &x, 1, mpi_datatype<T>(), detail::type_class_of<T>(), op,
-                      comm.get(), "mpiml::allreduce");
+                      comm.get("mpiml::allreduce"), "mpiml::allreduce");
 }
 
 // ---------------------------------------------------------------- broadcast
@@ -116,7 +116,7 @@ void allreduce(T& x, ReduceOp op, Comm comm = {}) {
 /// broadcast(x, root): x becomes root's x on every rank (in place).
 template <MpiType T>
 void broadcast(T& x, int root = 0, Comm comm = {}) {
-    detail::broadcast(&x, 1, mpi_datatype<T>(), root, comm.get(), "mpiml::broadcast");
+    detail::broadcast(&x, 1, mpi_datatype<T>(), root, comm.get("mpiml::broadcast"), "mpiml::broadcast");
 }
 
 /// In-place broadcast of a range; every rank must pass the same length.
@@ -124,7 +124,7 @@ template <MutableMpiRange R>
     requires(!std::is_same_v<std::remove_cvref_t<R>, std::string>)
 void broadcast(R&& x, int root = 0, Comm comm = {}) {
     detail::broadcast(std::ranges::data(x), std::ranges::size(x), mpi_datatype<range_elem_t<R>>(),
-                      root, comm.get(), "mpiml::broadcast");
+                      root, comm.get("mpiml::broadcast"), "mpiml::broadcast");
 }
 
 /// Broadcast of a string; other ranks' strings are resized to root's.
@@ -137,7 +137,7 @@ template <MpiType T>
 T mpi_op(const T& x, ReduceOp op, Comm comm = {}) {
     T out{};
     detail::allreduce(&x, &out, 1, mpi_datatype<T>(), detail::type_class_of<T>(), op,
-                      comm.get(), "mpiml::mpi_op");
+                      comm.get("mpiml::mpi_op"), "mpiml::mpi_op");
     return out;
 }
 
@@ -147,7 +147,7 @@ std::vector<range_elem_t<R>> mpi_op(const R& x, ReduceOp op, Comm comm = {}) {
     using T = range_elem_t<R>;
     std::vector<T> out(std::ranges::size(x));
     detail::allreduce(std::ranges::data(x), out.data(), out.size(), mpi_datatype<T>(),
-                      detail::type_class_of<T>(), op, comm.get(), "mpiml::mpi_op");
+                      detail::type_class_of<T>(), op, comm.get("mpiml::mpi_op"), "mpiml::mpi_op");
     return out;
 }
 
@@ -167,7 +167,7 @@ using avg_t = std::conditional_t<detail::type_class_of<T>() == TypeClass::intege
 /// Average of a scalar over all ranks. Integers average to double.
 template <MpiType T>
 avg_t<T> mpi_avg(const T& x, Comm comm = {}) {
-    const MPI_Comm c = comm.get();
+    const MPI_Comm c = comm.get("mpiml::mpi_avg");
     const avg_t<T> v = static_cast<avg_t<T>>(x);
     avg_t<T> sum{};
     detail::allreduce(&v, &sum, 1, mpi_datatype<avg_t<T>>(),
@@ -180,7 +180,7 @@ template <MpiRange R>
 std::vector<avg_t<range_elem_t<R>>> mpi_avg(const R& x, Comm comm = {}) {
     using T = range_elem_t<R>;
     using A = avg_t<T>;
-    const MPI_Comm c = comm.get();
+    const MPI_Comm c = comm.get("mpiml::mpi_avg");
     std::vector<A> out;
     if constexpr (std::is_same_v<A, T>) {
         out.resize(std::ranges::size(x));
@@ -202,7 +202,7 @@ void barrier(Comm comm = {});
 /// Every rank's value, in rank order.
 template <MpiType T>
 std::vector<T> allgather(const T& x, Comm comm = {}) {
-    const MPI_Comm c = comm.get();
+    const MPI_Comm c = comm.get("mpiml::allgather");
     std::vector<T> out(static_cast<std::size_t>(num_procs(c)));
     detail::allgather(&x, out.data(), 1, mpi_datatype<T>(), c, "mpiml::allgather");
     return out;

@@ -13,8 +13,9 @@ class Comm {
 public:
     Comm() = default;
     Comm(MPI_Comm c) : comm_(c), set_(true) {}  // NOLINT: implicit on purpose
-    /// The raw communicator; initializes MPI lazily.
-    MPI_Comm get() const;
+    /// The raw communicator; initializes MPI lazily. `call` names the caller
+    /// in errors.
+    MPI_Comm get(const char* call = "mpiml") const;
 
 private:
     MPI_Comm comm_{};
@@ -61,7 +62,7 @@ private:
 /// Initializes MPI if needed (MPI_Init_thread, MPI_ERRORS_RETURN, handlers).
 /// Called by every mpiml function; safe to call many times. Throws
 /// mpiml::Error after MPI_Finalize.
-void ensure_initialized();
+void ensure_initialized(const char* call = "mpiml");
 /// Finalizes MPI if mpiml initialized it (also done automatically at exit).
 void finalize();
 bool is_initialized();

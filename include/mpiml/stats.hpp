@@ -47,7 +47,7 @@ Statistics mpi_statistics_scalar(const R& x, bool with_min_and_max = false, Comm
     (void)with_min_and_max;
     const auto* p = std::ranges::data(x);
     const auto n = std::ranges::size(x);
-    return detail::reduce_moments(detail::local_moments(p, n), comm.get(),
+    return detail::reduce_moments(detail::local_moments(p, n), comm.get("mpiml::mpi_statistics_scalar"),
                                   "mpiml::mpi_statistics_scalar");
 }
 

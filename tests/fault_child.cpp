@@ -1,0 +1,85 @@
+// Fault injection: fault_child <mode> <faulty-rank>. Every rank runs a few
+// collectives; the faulty rank misbehaves as <mode> says. The job must end
+// with a non-zero status and a message naming the rank, never hang.
+#include <mpiml/mpiml.hpp>
+
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+volatile int* null_ptr = nullptr;
+
+void step(int i) {
+    std::vector<double> v(1000, 1.0 * i);
+    mpiml::allreduce(v, mpiml::Op::sum);
+}
+
+int body(const std::string& mode, int faulty) {
+    const int rank = mpiml::proc_id();
+    const bool me = rank == faulty;
+    if (mode == "throw_before" && me) throw std::runtime_error("injected failure before any collective");
+    step(0);
+    if (mode == "throw_between" && me) throw std::runtime_error("injected failure between collectives");
+    if (mode == "abort" && me) std::abort();
+    if (mode == "segv" && me) *null_ptr = 1;
+    if (mode == "sigkill" && me) ::kill(::getpid(), SIGKILL);
+    if (mode == "stall" && me) ::sleep(600);
+    if (mode == "count" ) {
+        std::vector<float> v(me ? 7 : 5, 1.0f);
+        mpiml::allreduce(v, mpiml::Op::sum);
+    }
+    if (mode == "type") {
+        if (me) mpiml::mpi_sum(1.0f);
+        else mpiml::mpi_sum(1.0);
+    }
+    if (mode == "op") mpiml::mpi_op(1, me ? mpiml::Op::min : mpiml::Op::max);
+    if (mode == "session_unwind") {
+        try {
+            mpiml::Session s;
+            if (me) throw std::runtime_error("injected failure inside a Session scope");
+            step(1);
+        } catch (const std::exception&) {
+        }
+    }
+    step(2);
+    step(3);
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 3) {
+        std::fprintf(stderr, "usage: fault_child <mode>[_run] <faulty-rank>\n");
+        return 2;
+    }
+    std::string mode = argv[1];
+    bool use_run = false;  // mode "<name>_run": the same, inside mpiml::run
+    if (mode.size() > 4 && mode.ends_with("_run")) {
+        mode.resize(mode.size() - 4);
+        use_run = true;
+    }
+    const int faulty = std::atoi(argv[2]);
+    if (mode == "after_finalize") {
+        mpiml::ensure_initialized();
+        mpiml::finalize();
+        try {
+            mpiml::mpi_sum(1);
+        } catch (const mpiml::Error& e) {
+            std::fprintf(stderr, "%s\n", e.what());
+            return 3;
+        }
+        return 0;
+    }
+    if (use_run)
+        return mpiml::run(argc, argv, [&](int, char**) { return body(mode, faulty); });
+    return body(mode, faulty);
+}

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# mpi_fork end to end: argv preserved byte for byte, environment, oversubscription
+# as root, MPI initialized before forking, exit status, clear errors.
+set -u
+prog=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+hex() { printf '%s' "$1" | od -An -v -tx1 | tr -d ' \n'; }
+
+# The launcher flags must come from mpi_fork itself, not from the environment.
+unset OMPI_ALLOW_RUN_AS_ROOT OMPI_ALLOW_RUN_AS_ROOT_CONFIRM OMPI_MCA_rmaps_base_oversubscribe IN_MPI
+
+args=("a b" "it's \"quoted\"" $'caf\xc3\xa9 \xe2\x82\xac' $'\xff\xfe raw' "" "--flag=x y" '$HOME;*')
+
+check_case() {  # name n expected_code prog-args...
+  local name=$1 n=$2 want=$3; shift 3
+  rm -f "$tmp/$name".*
+  timeout 60 "$prog" "$n" "$tmp/$name" "$want" "$@" > "$tmp/$name.log" 2>&1
+  local rc=$?
+  if [ "$want" = 0 ] && [ $rc -ne 0 ]; then fail "$name: exit $rc"; cat "$tmp/$name.log"; return; fi
+  if [ "$want" != 0 ] && [ $rc -ne "$want" ]; then fail "$name: exit $rc, wanted $want"; cat "$tmp/$name.log"; fi
+  local ranks=$n; [ "$n" -le 1 ] && ranks=1
+  for ((r = 0; r < ranks; r++)); do
+    local f="$tmp/$name.$r"
+    [ -f "$f" ] || { fail "$name: rank $r wrote nothing"; continue; }
+    mapfile -t lines < "$f"
+    [ "${lines[0]}" = "$ranks" ] || fail "$name: rank $r saw ${lines[0]} ranks, wanted $ranks"
+    if [ "$n" -gt 1 ]; then
+      [ "${lines[1]}" = "1 1 1" ] || fail "$name: rank $r env '${lines[1]}', wanted IN_MPI=1 OMP/MKL=1"
+    fi
+    local all=("$n" "$tmp/$name" "$want" "$@")
+    [ "${#lines[@]}" -eq $((2 + ${#all[@]})) ] || fail "$name: rank $r got $(( ${#lines[@]} - 2 )) args, wanted ${#all[@]}"
+    for i in "${!all[@]}"; do
+      [ "${lines[$((2 + i))]}" = "[$(hex "${all[$i]}")]" ] || fail "$name: rank $r arg $((i + 1)) differs: ${lines[$((2 + i))]} vs [$(hex "${all[$i]}")]"
+    done
+  done
+}
+
+check_case two 2 0 "${args[@]}"
+check_case three_oversubscribed 3 0 "${args[@]}"
+check_case init_first 2 0 --init-first "${args[@]}"
+check_case exit_status 2 7 "${args[@]}"
+check_case single 1 0 "${args[@]}"
+
+# Errors: clear messages, no crash.
+out=$(MPIML_MPIRUN=/nonexistent/mpirun timeout 30 "$prog" 2 "$tmp/x" 0 2>&1); rc=$?
+[ $rc -eq 3 ] && grep -q "MPIML_MPIRUN" <<<"$out" || fail "bad MPIML_MPIRUN: rc=$rc out=$out"
+out=$(PATH=/nonexistent /usr/bin/timeout 30 "$prog" 2 "$tmp/x" 0 2>&1); rc=$?
+[ $rc -eq 3 ] && grep -q "no MPI launcher found" <<<"$out" || fail "no launcher: rc=$rc out=$out"
+out=$(timeout 30 "$prog" -1 "$tmp/x" 0 2>&1); rc=$?
+[ $rc -eq 3 ] && grep -q "n must be" <<<"$out" || fail "n=-1: rc=$rc out=$out"
+
+if [ $fails -eq 0 ]; then echo "mpi_fork: all cases passed"; exit 0; fi
+echo "mpi_fork: $fails failure(s)"; exit 1

@@ -1,0 +1,211 @@
+// Core collectives against exact expected values, for several element types.
+#include <mpiml/mpiml.hpp>
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <complex>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace {
+
+int rank() { return mpiml::proc_id(); }
+int size() { return mpiml::num_procs(); }
+
+template <class T>
+class Typed : public ::testing::Test {};
+using Types = ::testing::Types<int, long, long long, unsigned, std::int8_t, std::uint16_t,
+                               float, double, long double>;
+TYPED_TEST_SUITE(Typed, Types);
+
+TEST(Core, RankAndSize) {
+    int r = -1, n = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    EXPECT_EQ(mpiml::proc_id(), r);
+    EXPECT_EQ(mpiml::num_procs(), n);
+    EXPECT_TRUE(mpiml::is_initialized());
+}
+
+TYPED_TEST(Typed, ScalarOpsPreserveType) {
+    using T = TypeParam;
+    const T x = static_cast<T>(rank() + 1);
+    const auto s = mpiml::mpi_sum(x);
+    static_assert(std::is_same_v<decltype(s), const T>);
+    EXPECT_EQ(s, static_cast<T>(size() * (size() + 1) / 2));
+    EXPECT_EQ(mpiml::mpi_op(x, mpiml::Op::max), static_cast<T>(size()));
+    EXPECT_EQ(mpiml::mpi_op(x, mpiml::Op::min), static_cast<T>(1));
+    T fact = 1;
+    for (int i = 1; i <= size(); ++i) fact = static_cast<T>(fact * i);
+    EXPECT_EQ(mpiml::mpi_op(x, mpiml::Op::prod), fact);
+}
+
+TYPED_TEST(Typed, RangeSumAndInPlace) {
+    using T = TypeParam;
+    const std::vector<T> v = {static_cast<T>(rank()), static_cast<T>(1), static_cast<T>(2 * rank())};
+    const auto s = mpiml::mpi_sum(v);
+    static_assert(std::is_same_v<typename decltype(s)::value_type, T>);
+    const int tri = size() * (size() - 1) / 2;
+    ASSERT_EQ(s.size(), 3u);
+    EXPECT_EQ(s[0], static_cast<T>(tri));
+    EXPECT_EQ(s[1], static_cast<T>(size()));
+    EXPECT_EQ(s[2], static_cast<T>(2 * tri));
+
+    std::vector<T> w = v;
+    mpiml::allreduce(w, mpiml::Op::max);
+    EXPECT_EQ(w[0], static_cast<T>(size() - 1));
+    EXPECT_EQ(w[2], static_cast<T>(2 * (size() - 1)));
+
+    std::array<T, 3> out{};
+    mpiml::allreduce(v, out, mpiml::Op::sum);
+    EXPECT_EQ(out[0], s[0]);
+    EXPECT_EQ(out[2], s[2]);
+
+    T scalar = static_cast<T>(rank());
+    mpiml::allreduce(scalar, mpiml::Op::sum);
+    EXPECT_EQ(scalar, static_cast<T>(tri));
+}
+
+TYPED_TEST(Typed, Broadcast) {
+    using T = TypeParam;
+    for (int root = 0; root < size(); ++root) {
+        T x = static_cast<T>(rank() == root ? 42 : 0);
+        mpiml::broadcast(x, root);
+        EXPECT_EQ(x, static_cast<T>(42));
+        std::vector<T> v(5, static_cast<T>(rank()));
+        mpiml::broadcast(v, root);
+        for (const T& e : v) EXPECT_EQ(e, static_cast<T>(root));
+    }
+}
+
+TEST(Core, AvgOfIntegersIsDouble) {
+    const auto a = mpiml::mpi_avg(rank());
+    static_assert(std::is_same_v<decltype(a), const double>);
+    EXPECT_DOUBLE_EQ(a, (size() - 1) / 2.0);
+    const std::vector<int> v = {rank(), 1};
+    const auto av = mpiml::mpi_avg(v);
+    static_assert(std::is_same_v<decltype(av)::value_type, double>);
+    EXPECT_DOUBLE_EQ(av[0], (size() - 1) / 2.0);
+    EXPECT_DOUBLE_EQ(av[1], 1.0);
+}
+
+TEST(Core, AvgKeepsFloatAndDoublePrecision) {
+    // The seed downcasts to float32; 1 + 1e-12 survives only in double.
+    const double d = 1.0 + 1e-12 * rank();
+    EXPECT_DOUBLE_EQ(mpiml::mpi_avg(d), 1.0 + 1e-12 * (size() - 1) / 2.0);
+    const float f = 0.5f * static_cast<float>(rank());
+    const auto af = mpiml::mpi_avg(f);
+    static_assert(std::is_same_v<decltype(af), const float>);
+    EXPECT_FLOAT_EQ(af, 0.25f * static_cast<float>(size() - 1));
+    // int64 beyond 2^24 stays exact in a sum (float32 would round it).
+    const std::int64_t big = (std::int64_t{1} << 40) + rank();
+    EXPECT_EQ(mpiml::mpi_sum(big), size() * (std::int64_t{1} << 40) + size() * (size() - 1) / 2);
+}
+
+TEST(Core, LogicalAndBitwise) {
+    const unsigned bit = 1u << rank();
+    EXPECT_EQ(mpiml::mpi_op(bit, mpiml::Op::bor), (1u << size()) - 1);
+    EXPECT_EQ(mpiml::mpi_op(bit, mpiml::Op::band), size() == 1 ? 1u : 0u);
+    EXPECT_EQ(mpiml::mpi_op(0xFFu, mpiml::Op::bxor), size() % 2 ? 0xFFu : 0u);
+    const bool mine = rank() == 0;
+    EXPECT_EQ(mpiml::mpi_op(mine, mpiml::Op::lor), true);
+    EXPECT_EQ(mpiml::mpi_op(mine, mpiml::Op::land), size() == 1);
+    EXPECT_EQ(mpiml::mpi_op(mine, mpiml::Op::lxor), true);
+    EXPECT_EQ(mpiml::mpi_op(rank(), mpiml::Op::land), size() == 1 ? 0 : 0);
+}
+
+TEST(Core, RawMpiOpAccepted) {
+    EXPECT_EQ(mpiml::mpi_op(rank(), MPI_MAX), size() - 1);
+    const std::vector<double> v = {1.0 * rank()};
+    EXPECT_DOUBLE_EQ(mpiml::mpi_op(v, MPI_SUM)[0], size() * (size() - 1) / 2.0);
+    std::vector<double> w(1);
+    mpiml::allreduce(v, w, MPI_MIN);
+    EXPECT_EQ(w[0], 0.0);
+}
+
+TEST(Core, UserDefinedMpiOp) {
+    MPI_Op absmax;
+    MPI_Op_create(
+        [](void* in, void* inout, int* len, MPI_Datatype*) {
+            auto* a = static_cast<double*>(in);
+            auto* b = static_cast<double*>(inout);
+            for (int i = 0; i < *len; ++i) b[i] = std::max(std::abs(a[i]), std::abs(b[i]));
+        },
+        1, &absmax);
+    const double x = -1.0 * (rank() + 1);
+    // With one rank MPI applies no operation at all.
+    EXPECT_DOUBLE_EQ(mpiml::mpi_op(x, absmax), size() == 1 ? -1.0 : static_cast<double>(size()));
+    MPI_Op_free(&absmax);
+}
+
+TEST(Core, ComplexSum) {
+    const std::complex<double> z(rank(), 1.0);
+    const auto s = mpiml::mpi_sum(z);
+    EXPECT_DOUBLE_EQ(s.real(), size() * (size() - 1) / 2.0);
+    EXPECT_DOUBLE_EQ(s.imag(), static_cast<double>(size()));
+}
+
+TEST(Core, SpansAndEmptyRanges) {
+    std::vector<float> data = {1.f, 2.f, 3.f, 4.f};
+    std::span<float> middle(data.data() + 1, 2);
+    mpiml::allreduce(middle, mpiml::Op::sum);
+    EXPECT_EQ(data[0], 1.f);
+    EXPECT_EQ(data[1], 2.f * size());
+    EXPECT_EQ(data[2], 3.f * size());
+    EXPECT_EQ(data[3], 4.f);
+    std::vector<double> empty;
+    EXPECT_TRUE(mpiml::mpi_sum(empty).empty());
+    mpiml::broadcast(empty);
+}
+
+TEST(Core, BroadcastString) {
+    std::string s = rank() == 0 ? std::string("from root \xc3\xa9\0x", 14) : std::string("other");
+    mpiml::broadcast(s);
+    EXPECT_EQ(s, std::string("from root \xc3\xa9\0x", 14));
+}
+
+TEST(Core, SubCommunicator) {
+    MPI_Comm half;
+    MPI_Comm_split(MPI_COMM_WORLD, rank() % 2, rank(), &half);
+    const int n = mpiml::num_procs(half);
+    EXPECT_EQ(mpiml::mpi_sum(1, half), n);
+    EXPECT_EQ(mpiml::proc_id(half), rank() / 2);
+    MPI_Comm_free(&half);
+}
+
+TEST(Core, SessionDefaultCommunicator) {
+    MPI_Comm self = MPI_COMM_SELF;
+    {
+        mpiml::SessionOptions opts;
+        opts.comm = self;
+        mpiml::Session s(opts);
+        EXPECT_EQ(mpiml::num_procs(), 1);
+        EXPECT_EQ(mpiml::mpi_sum(5), 5);
+    }
+    EXPECT_EQ(mpiml::num_procs(), size());
+}
+
+TEST(Core, PprintOnlyRankZero) {
+    ::testing::internal::CaptureStdout();
+    mpiml::pprint("hello", "|");
+    mpiml::pprint();
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    EXPECT_EQ(out, rank() == 0 ? "hello|\n" : "");
+}
+
+TEST(Core, MsgFormat) {
+    ::testing::internal::CaptureStdout();
+    mpiml::msg("payload", "desc");
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    EXPECT_EQ(out, "Message from " + std::to_string(rank()) + ": desc \t payload\n");
+}
+
+TEST(Core, AllgatherInRankOrder) {
+    const auto all = mpiml::allgather(rank() * 10);
+    ASSERT_EQ(static_cast<int>(all.size()), size());
+    for (int r = 0; r < size(); ++r) EXPECT_EQ(all[r], r * 10);
+}
+
+}  // namespace
