@@ -1,9 +1,11 @@
 // Timing protocol shared by the C++ benchmarks (bench/peers/common.py is the
 // same protocol in Python):
-//   1. warm-up and estimate: every variant runs once, then batches of 1, 2,
-//      4, ... calls until a batch of at least 8 calls takes the slowest rank
-//      half a round (or any batch takes two rounds); iterations per round =
-//      round target / that per-call time, clamped to [1, max];
+//   1. warm-up and estimate: every variant runs once, then in batches of 1,
+//      2, 4, ... calls, each call timed alone, until at least 8 calls and one
+//      round's time have passed (or four rounds' time: slow calls); the
+//      estimate is the slowest rank's fastest call (so that a stall during
+//      warm-up does not shrink the rounds); iterations per round = round
+//      target / estimate, clamped to [1, max];
 //   2. rounds (fewer, but at least 3, when they would exceed the time
 //      budget): each round runs every variant (order rotated round by round
 //      so that load changes hit all of them), each as barrier, `iters` calls,
@@ -88,21 +90,42 @@ inline double time_calls(const Variant& v, long n) {
     return (MPI_Wtime() - t0) / static_cast<double>(n);
 }
 
+/// Warm-up batch of n calls, each timed alone: {fastest call, total} on this
+/// rank ({0, 0} on idle ranks).
+inline std::pair<double, double> warm_calls(const Variant& v, long n) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (v.rank0_only && rank() != 0) return {0.0, 0.0};
+    double best = 1e300, total = 0.0;
+    for (long i = 0; i < n; ++i) {
+        const double t0 = MPI_Wtime();
+        v.fn();
+        const double dt = MPI_Wtime() - t0;
+        best = std::min(best, dt);
+        total += dt;
+        if (v.barrier_each) MPI_Barrier(MPI_COMM_WORLD);
+    }
+    return {best, total};
+}
+
 inline std::vector<Timing> measure(const std::vector<Variant>& variants, const Protocol& p = {}) {
     const std::size_t nv = variants.size();
     std::vector<long> iters(nv);
     double round_cost = 0.0;  // seconds of one round, all variants
     for (std::size_t i = 0; i < nv; ++i) {
-        time_calls(variants[i], 1);
-        double est = 0.0;
-        // Every rank sees the same max, so every rank leaves at the same n.
+        warm_calls(variants[i], 1);
+        double best = 1e300, spent = 0.0;
+        long calls = 0;
+        // spent is the same on every rank, so every rank leaves at the same n.
         for (long n = 1;; n *= 2) {
-            est = std::max(max_over_ranks(time_calls(variants[i], n)), 1e-9);
-            const double batch = est * static_cast<double>(n);
-            if ((n >= 8 && batch >= 0.5 * p.round_seconds) || batch >= 2 * p.round_seconds ||
-                n >= p.max_iters)
+            const auto [b, total] = warm_calls(variants[i], n);
+            best = std::min(best, b);
+            spent += max_over_ranks(total);
+            calls += n;
+            if ((calls >= 8 && spent >= p.round_seconds) || spent >= 4 * p.round_seconds ||
+                calls >= p.max_iters)
                 break;
         }
+        const double est = std::max(max_over_ranks(best), 1e-9);
         iters[i] = std::clamp(static_cast<long>(p.round_seconds / est), p.min_iters, p.max_iters);
         round_cost += static_cast<double>(iters[i]) * est;
     }

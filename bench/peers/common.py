@@ -1,14 +1,14 @@
 """Shared by the Python peers: the timing protocol of bench/bench_common.hpp,
 the benchmark models and JSON-line output.
 
-The protocol: every variant runs once, then batches of 1, 2, 4, ... calls
-until a batch of at least 8 calls takes the slowest rank half a round (or any
-batch takes two rounds): warm-up and estimate; iterations per round = round
-target / that per-call time, clamped to [1, max]. Then rounds (fewer, at least
-3, when they would exceed the time budget): each round runs every variant
-(order rotated round by round), each as barrier, `iters` calls, per-call time
-on each rank, max over ranks. Reported: median and minimum over rounds, in
-microseconds.
+The protocol: every variant runs once, then in batches of 1, 2, 4, ... calls,
+each call timed alone, until at least 8 calls and one round's time have passed
+(or four rounds' time: slow calls); the estimate is the slowest rank's fastest
+call; iterations per round = round target / estimate, clamped to [1, max].
+Then rounds (fewer, at least 3, when they would exceed the time budget): each
+round runs every variant (order rotated round by round), each as barrier,
+`iters` calls, per-call time on each rank, max over ranks. Reported: median
+and minimum over rounds, in microseconds.
 """
 import json
 import os
@@ -46,21 +46,39 @@ def _time_calls(comm, v, n):
     return (time.perf_counter() - t0) / n
 
 
+def _warm_calls(comm, v, n):
+    """n calls, each timed alone: (fastest, total) on this rank."""
+    comm.barrier()
+    best, total = float("inf"), 0.0
+    for _ in range(n):
+        t0 = time.perf_counter()
+        v.fn()
+        dt = time.perf_counter() - t0
+        best = min(best, dt)
+        total += dt
+        if v.barrier_each:
+            comm.barrier()
+    return best, total
+
+
 def measure(comm, variants, rounds=7, round_seconds=0.02, min_iters=1, max_iters=20000,
             budget_seconds=20.0):
     """comm: object with barrier() and max(float) -> float over ranks."""
     iters = []
     round_cost = 0.0
     for v in variants:
-        _time_calls(comm, v, 1)
-        n = 1
-        while True:
-            est = max(comm.max(_time_calls(comm, v, n)), 1e-9)
-            batch = est * n
-            if (n >= 8 and batch >= 0.5 * round_seconds) or batch >= 2 * round_seconds \
-                    or n >= max_iters:
+        _warm_calls(comm, v, 1)
+        best, spent, calls, n = float("inf"), 0.0, 0, 1
+        while True:  # spent is the same on every rank: all leave together
+            b, total = _warm_calls(comm, v, n)
+            best = min(best, b)
+            spent += comm.max(total)
+            calls += n
+            if (calls >= 8 and spent >= round_seconds) or spent >= 4 * round_seconds \
+                    or calls >= max_iters:
                 break
             n *= 2
+        est = max(comm.max(best), 1e-9)
         iters.append(int(min(max(round_seconds / est, min_iters), max_iters)))
         round_cost += iters[-1] * est
     rounds = int(min(max(budget_seconds / round_cost, min(3, rounds)), rounds))
