@@ -19,20 +19,26 @@
 
 namespace mpiml {
 
-/// Gives each rank a fair share of intra-op threads:
-/// max(1, cores / ranks on this node). No-op when already at 1 thread.
+/// Gives each rank a fair share of intra-op threads: max(1, cpus / ranks on
+/// this node that share them). Unbound ranks: cores / ranks on this node; ranks
+/// a launcher bound to disjoint cores keep the cores they were given. Collective
+/// over the default communicator; leaves the thread count alone when it is
+/// already 1.
 void setup_pytorch_for_mpi();
 
-/// Makes every rank's parameters and buffers equal to root's, fused per dtype.
-/// First verifies across ranks that the modules match (count, names, shapes,
-/// dtypes); on a mismatch every rank throws mpiml::Error naming the first
-/// differing parameter and the ranks that differ.
+/// Makes every rank's parameters and buffers equal to root's: one broadcast per
+/// dtype (a bit copy, so float16/bfloat16/int64 buffers are exact). First
+/// verifies across ranks, in one small allreduce, that the modules match
+/// (count, order, names, shapes, dtypes, root); on a mismatch every rank throws
+/// the same mpiml::Error naming the first differing parameter or buffer, the
+/// ranks that differ and what each has. Tensors registered twice (tied weights)
+/// are synced once.
 void sync_params(torch::nn::Module& module, int root = 0, Comm comm = {});
 void sync_params(const torch::Tensor& tensor, int root = 0, Comm comm = {});
 void sync_params(const std::vector<torch::Tensor>& tensors, int root = 0, Comm comm = {});
 template <class M>
 void sync_params(const torch::nn::ModuleHolder<M>& holder, int root = 0, Comm comm = {}) {
-    sync_params(*holder, root, comm);
+    sync_params(*holder.ptr(), root, comm);  // ptr(): operator* is const
 }
 template <class M>
     requires std::derived_from<M, torch::nn::Module>
@@ -46,8 +52,20 @@ struct AvgGradsOptions {
     std::size_t bucket_cap_bytes = 25u << 20;
 };
 
-/// Averages every parameter's gradient across ranks, in place. Undefined
-/// gradients count as zeros (and become defined). dtype is preserved.
+/// Averages every parameter's gradient across ranks, in place, with one
+/// allreduce per bucket: parameters grouped by dtype in order of first
+/// appearance, module order within, so every rank issues the same collectives
+/// and results are reproducible. The sum is divided by the number of ranks.
+/// - dtype is preserved; float16 and bfloat16 are summed in float32 and
+///   converted back; integer and bool parameters (no gradients) are skipped.
+/// - An undefined gradient counts as zeros on that rank and becomes defined;
+///   a gradient undefined on every rank stays undefined (as in one process).
+/// - Non-contiguous, sparse (becomes dense) and non-CPU gradients work.
+/// - One rank: no-op. Tied parameters are averaged once.
+/// - A bad gradient on one rank (wrong element count) throws there after the
+///   collectives, so the other ranks do not hang.
+/// - With mpiml::check_enabled(), first verifies that the modules match, as
+///   sync_params does (one extra small allreduce).
 void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts = {}, Comm comm = {});
 /// Same, for the gradients of a list of tensors (parameters).
 void mpi_avg_grads(const std::vector<torch::Tensor>& params, const AvgGradsOptions& opts = {},
@@ -55,7 +73,7 @@ void mpi_avg_grads(const std::vector<torch::Tensor>& params, const AvgGradsOptio
 template <class M>
 void mpi_avg_grads(const torch::nn::ModuleHolder<M>& holder, const AvgGradsOptions& opts = {},
                    Comm comm = {}) {
-    mpi_avg_grads(*holder, opts, comm);
+    mpi_avg_grads(*holder.ptr(), opts, comm);
 }
 template <class M>
     requires std::derived_from<M, torch::nn::Module>
@@ -65,7 +83,9 @@ void mpi_avg_grads(const std::shared_ptr<M>& module, const AvgGradsOptions& opts
 }
 
 /// Elementwise average of a tensor over all ranks, as a new tensor of the
-/// same dtype and shape (e.g. PPO's approximate KL for early stopping).
+/// same shape, device and dtype (e.g. PPO's approximate KL for early stopping).
+/// float16/bfloat16 are summed in float32; integer and bool tensors average
+/// to float64, like mpiml::mpi_avg of integers. Not tracked by autograd.
 torch::Tensor mpi_avg(const torch::Tensor& x, Comm comm = {});
 
 }  // namespace mpiml

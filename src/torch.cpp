@@ -1,0 +1,754 @@
+// LibTorch data-parallel utilities: setup_pytorch_for_mpi, sync_params,
+// mpi_avg_grads, mpi_avg(tensor).
+//
+// Gradients are packed, in parameter order, into one cached flat buffer per
+// bucket (per wire dtype, up to bucket_cap_bytes) and reduced with one
+// MPI_Allreduce per bucket; contiguous CPU tensors are packed with plain loops,
+// anything else (strides, other devices, sparse) through ATen copies.
+// float16 and bfloat16 travel and are summed as float32, then converted back.
+#include <mpiml/torch.hpp>
+
+#include <mpiml/collectives.hpp>
+#include <mpiml/error.hpp>
+
+#include <ATen/Parallel.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+namespace mpiml {
+namespace {
+
+// ------------------------------------------------------------ dtype tables
+
+std::string dtype_name(at::ScalarType s) {
+    switch (s) {
+        case at::kFloat: return "float32";
+        case at::kDouble: return "float64";
+        case at::kHalf: return "float16";
+        case at::kBFloat16: return "bfloat16";
+        case at::kComplexHalf: return "complex32";
+        case at::kComplexFloat: return "complex64";
+        case at::kComplexDouble: return "complex128";
+        case at::kLong: return "int64";
+        case at::kInt: return "int32";
+        case at::kShort: return "int16";
+        case at::kChar: return "int8";
+        case at::kByte: return "uint8";
+        case at::kBool: return "bool";
+        default: return c10::toString(s);
+    }
+}
+
+/// How a floating or complex dtype is summed: MPI type and wire dtype.
+struct Wire {
+    MPI_Datatype mpi;
+    TypeClass cls;
+    at::ScalarType scalar;
+    std::size_t size;  // bytes per element
+};
+
+/// The wire for summing values of dtype s; nullopt when s cannot be summed.
+/// Integers and bool are summed as float64 (only mpi_avg does that).
+std::optional<Wire> sum_wire(at::ScalarType s) {
+    switch (s) {
+        case at::kFloat:
+        case at::kHalf:
+        case at::kBFloat16: return Wire{MPI_FLOAT, TypeClass::floating, at::kFloat, 4};
+        case at::kDouble:
+        case at::kLong:
+        case at::kInt:
+        case at::kShort:
+        case at::kChar:
+        case at::kByte:
+        case at::kBool: return Wire{MPI_DOUBLE, TypeClass::floating, at::kDouble, 8};
+        case at::kComplexFloat:
+            return Wire{MPI_CXX_FLOAT_COMPLEX, TypeClass::complex, at::kComplexFloat, 8};
+        case at::kComplexDouble:
+            return Wire{MPI_CXX_DOUBLE_COMPLEX, TypeClass::complex, at::kComplexDouble, 16};
+        default: return std::nullopt;
+    }
+}
+
+bool has_gradients(at::ScalarType s) {
+    return at::isFloatingType(s) || at::isComplexType(s);
+}
+
+/// MPI type and element multiplier for broadcasting dtype s (bit copy).
+std::pair<MPI_Datatype, std::size_t> bcast_type(at::ScalarType s) {
+    switch (s) {
+        case at::kFloat: return {MPI_FLOAT, 1};
+        case at::kDouble: return {MPI_DOUBLE, 1};
+        case at::kLong: return {MPI_INT64_T, 1};
+        case at::kInt: return {MPI_INT32_T, 1};
+        case at::kShort: return {MPI_INT16_T, 1};
+        case at::kChar: return {MPI_INT8_T, 1};
+        case at::kByte: return {MPI_UINT8_T, 1};
+        case at::kBool: return {MPI_CXX_BOOL, 1};
+        case at::kHalf:
+        case at::kBFloat16: return {MPI_UINT16_T, 1};
+        case at::kComplexFloat: return {MPI_CXX_FLOAT_COMPLEX, 1};
+        case at::kComplexDouble: return {MPI_CXX_DOUBLE_COMPLEX, 1};
+        default: return {MPI_BYTE, c10::elementSize(s)};
+    }
+}
+
+/// True when t's elements can be read and written as a plain array of dtype s.
+bool plain(const at::Tensor& t, at::ScalarType s) {
+    return t.defined() && t.layout() == at::kStrided && t.is_cpu() && t.scalar_type() == s &&
+           t.is_contiguous() && !t.is_conj() && !t.is_neg();
+}
+
+void bump_version(const at::Tensor& t) {
+    if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+}
+
+// ------------------------------------------------------- scratch buffers
+
+/// Grows, never shrinks; 64-byte aligned. One per thread.
+class Scratch {
+public:
+    void* get(std::size_t bytes) {
+        if (bytes > cap_) {
+            const std::size_t want = std::max<std::size_t>((bytes + 63) / 64 * 64, 4096);
+            void* p = std::aligned_alloc(64, want);
+            if (!p) throw std::bad_alloc();
+            std::free(data_);
+            data_ = p;
+            cap_ = want;
+        }
+        return data_;
+    }
+    ~Scratch() { std::free(data_); }
+
+private:
+    void* data_ = nullptr;
+    std::size_t cap_ = 0;
+};
+
+// --------------------------------------------------- pack / unpack loops
+
+template <class W, class T>
+void to_wire(const void* src, void* dst, std::size_t n) {
+    if constexpr (std::is_same_v<W, T>) {
+        std::memcpy(dst, src, n * sizeof(T));
+    } else {
+        const T* s = static_cast<const T*>(src);
+        W* d = static_cast<W*>(dst);
+        for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<W>(s[i]);
+    }
+}
+
+template <class W>
+struct real_type {
+    using type = W;
+};
+template <class R>
+struct real_type<c10::complex<R>> {
+    using type = R;
+};
+
+template <class W, class T>
+void from_wire_div(const void* src, void* dst, std::size_t n, int ranks) {
+    const W* s = static_cast<const W*>(src);
+    T* d = static_cast<T*>(dst);
+    const auto div = static_cast<typename real_type<W>::type>(ranks);
+    for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<T>(s[i] / div);
+}
+
+/// Packs the plain tensor t (dtype s) into dst as its wire type.
+void pack_plain(const at::Tensor& t, void* dst) {
+    const void* src = t.data_ptr();
+    const auto n = static_cast<std::size_t>(t.numel());
+    switch (t.scalar_type()) {
+        case at::kFloat: return to_wire<float, float>(src, dst, n);
+        case at::kDouble: return to_wire<double, double>(src, dst, n);
+        case at::kHalf: return to_wire<float, c10::Half>(src, dst, n);
+        case at::kBFloat16: return to_wire<float, c10::BFloat16>(src, dst, n);
+        case at::kComplexFloat:
+            return to_wire<c10::complex<float>, c10::complex<float>>(src, dst, n);
+        case at::kComplexDouble:
+            return to_wire<c10::complex<double>, c10::complex<double>>(src, dst, n);
+        default: throw std::logic_error("pack_plain: dtype");
+    }
+}
+
+/// Writes src / ranks into the plain tensor t.
+void unpack_plain_div(const void* src, const at::Tensor& t, int ranks) {
+    void* dst = t.data_ptr();
+    const auto n = static_cast<std::size_t>(t.numel());
+    switch (t.scalar_type()) {
+        case at::kFloat: return from_wire_div<float, float>(src, dst, n, ranks);
+        case at::kDouble: return from_wire_div<double, double>(src, dst, n, ranks);
+        case at::kHalf: return from_wire_div<float, c10::Half>(src, dst, n, ranks);
+        case at::kBFloat16: return from_wire_div<float, c10::BFloat16>(src, dst, n, ranks);
+        case at::kComplexFloat:
+            return from_wire_div<c10::complex<float>, c10::complex<float>>(src, dst, n, ranks);
+        case at::kComplexDouble:
+            return from_wire_div<c10::complex<double>, c10::complex<double>>(src, dst, n,
+                                                                             ranks);
+        default: throw std::logic_error("unpack_plain_div: dtype");
+    }
+}
+
+at::Tensor wire_view(void* data, at::IntArrayRef sizes, at::ScalarType wire) {
+    return at::from_blob(data, sizes, at::TensorOptions().dtype(wire));
+}
+
+// ------------------------------------------------ cross-rank module check
+
+/// One line per tensor: what must agree across ranks.
+std::string describe(const char* kind, const std::string& name, const at::Tensor& t) {
+    std::ostringstream os;
+    os << kind << " '" << name << "' " << dtype_name(t.scalar_type()) << '[';
+    for (std::size_t i = 0; i < t.sizes().size(); ++i) os << (i ? ", " : "") << t.sizes()[i];
+    os << ']';
+    if (t.layout() != at::kStrided) os << ' ' << t.layout();
+    return os.str();
+}
+
+std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+constexpr std::uint64_t fnv_basis = 0xcbf29ce484222325ull;
+
+std::uint64_t hash_desc(const std::string& d) {
+    return fnv1a(d.data(), d.size(), fnv_basis) | 1u;  // never 0: 0 means "absent"
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+    std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+        if (i) s += ", ";
+        s += std::to_string(ranks[i]);
+    }
+    return s;
+}
+
+/// Verifies that every rank passed the same descriptions (and root, when
+/// root >= 0), in one small allreduce. On a mismatch, exchanges details and
+/// throws the same mpiml::Error on every rank, naming the first differing
+/// entry and the ranks that differ from the reference rank.
+void verify_same(const std::vector<std::string>& descs, int root, MPI_Comm comm,
+                 const char* call) {
+    std::uint64_t h = fnv_basis;
+    const std::int64_t header[2] = {root, static_cast<std::int64_t>(descs.size())};
+    h = fnv1a(header, sizeof header, h);
+    for (const auto& d : descs) {
+        const std::uint64_t dh = hash_desc(d);
+        h = fnv1a(&dh, sizeof dh, h);
+    }
+    // max(h) and max(~h) = ~min(h) in one MPI_MAX reduction.
+    std::uint64_t mm[2] = {h, ~h};
+    detail::allreduce(MPI_IN_PLACE, mm, 2, MPI_UINT64_T, TypeClass::integer, Op::max, comm,
+                      call);
+    if (mm[0] == ~mm[1]) return;
+
+    // Slow path, only on a mismatch: every rank learns every rank's details.
+    const int size = num_procs(comm);
+    const auto usize = static_cast<std::size_t>(size);
+    std::vector<std::int64_t> heads(2 * usize);
+    detail::allgather(header, heads.data(), 2, MPI_INT64_T, comm, call);
+
+    bool roots_agree = true;
+    for (int r = 0; r < size; ++r) roots_agree &= heads[2 * r] == heads[0];
+    if (!roots_agree) {
+        std::string what = "ranks disagree on the root:";
+        for (int r = 0; r < size; ++r)
+            what += std::string(r ? "," : "") + " rank " + std::to_string(r) + " passed " +
+                    std::to_string(heads[2 * r]);
+        detail::fail(call, what);
+    }
+    const int ref = (root >= 0 && root < size) ? root : 0;
+
+    std::size_t most = 0;
+    for (int r = 0; r < size; ++r) most = std::max<std::size_t>(most, heads[2 * r + 1]);
+    std::vector<std::uint64_t> mine(most, 0), all(most * usize);
+    for (std::size_t i = 0; i < descs.size(); ++i) mine[i] = hash_desc(descs[i]);
+    if (most > 0) detail::allgather(mine.data(), all.data(), most, MPI_UINT64_T, comm, call);
+
+    std::size_t first = most;
+    for (std::size_t i = 0; i < most && first == most; ++i)
+        for (int r = 0; r < size; ++r)
+            if (all[r * most + i] != all[static_cast<std::size_t>(ref) * most + i]) {
+                first = i;
+                break;
+            }
+    if (first == most) detail::fail(call, "modules differ across ranks (hash mismatch)");
+
+    // Every rank's description of entry `first`, padded to the longest.
+    const std::string own = first < descs.size()
+                                ? descs[first]
+                                : "nothing (only " + std::to_string(descs.size()) +
+                                      " parameters and buffers)";
+    const std::uint64_t len = own.size();
+    std::vector<std::uint64_t> lens(usize);
+    detail::allgather(&len, lens.data(), 1, MPI_UINT64_T, comm, call);
+    const std::size_t width = *std::max_element(lens.begin(), lens.end());
+    std::string padded = own;
+    padded.resize(width, '\0');
+    std::string texts(width * usize, '\0');
+    detail::allgather(padded.data(), texts.data(), width, MPI_CHAR, comm, call);
+    auto text_of = [&](int r) { return texts.substr(r * width, lens[r]); };
+
+    // Group ranks by what they have, reference rank's group first.
+    std::vector<std::pair<std::string, std::vector<int>>> groups;
+    auto add = [&](int r) {
+        const std::string t = text_of(r);
+        for (auto& g : groups)
+            if (g.first == t) return g.second.push_back(r);
+        groups.push_back({t, {r}});
+    };
+    add(ref);
+    for (int r = 0; r < size; ++r)
+        if (r != ref) add(r);
+    std::vector<int> differ;
+    for (std::size_t g = 1; g < groups.size(); ++g)
+        differ.insert(differ.end(), groups[g].second.begin(), groups[g].second.end());
+    std::sort(differ.begin(), differ.end());
+
+    // The same message on every rank: entry, its name, who differs, who has what.
+    std::string name;
+    for (const auto& g : groups) {
+        const auto q = g.first.find('\'');
+        if (q == std::string::npos || g.first.rfind("nothing", 0) == 0) continue;
+        name = g.first.substr(q, g.first.find('\'', q + 1) - q + 1);
+        break;
+    }
+    std::string what = "modules differ across ranks at entry #" + std::to_string(first) +
+                       (name.empty() ? "" : " " + name) + ": " + rank_list(differ) +
+                       (differ.size() == 1 ? " differs" : " differ") + " from rank " +
+                       std::to_string(ref) + ":";
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+        std::sort(groups[g].second.begin(), groups[g].second.end());
+        what += std::string(g ? ";" : "") + " " + rank_list(groups[g].second) +
+                (groups[g].second.size() == 1 ? " has " : " have ") + groups[g].first;
+    }
+    detail::fail(call, what);
+}
+
+// ------------------------------------------------------------ collection
+
+struct Named {
+    const char* kind;  // "parameter" or "buffer"
+    std::string name;
+    at::Tensor tensor;
+};
+
+/// Appends the defined tensors of `dict` not seen before (tied weights once).
+void add_unique(std::vector<Named>& out, std::unordered_set<const void*>& seen,
+                const torch::OrderedDict<std::string, at::Tensor>& dict, const char* kind) {
+    for (const auto& item : dict) {
+        const at::Tensor& t = item.value();
+        if (t.defined() && seen.insert(t.unsafeGetTensorImpl()).second)
+            out.push_back({kind, item.key(), t});
+    }
+}
+
+std::vector<Named> module_entries(const torch::nn::Module& module, bool with_buffers) {
+    std::vector<Named> out;
+    std::unordered_set<const void*> seen;
+    add_unique(out, seen, module.named_parameters(true), "parameter");
+    if (with_buffers) add_unique(out, seen, module.named_buffers(true), "buffer");
+    return out;
+}
+
+/// A module's own registered parameters, read without copying: parameters_
+/// is protected, so its member pointer is named through a derived class.
+struct ParamAccess : torch::nn::Module {
+    static const torch::OrderedDict<std::string, at::Tensor>& of(const torch::nn::Module& m) {
+        return m.*(&ParamAccess::parameters_);
+    }
+};
+
+/// module.parameters(true) in the same order (pre-order, registration order),
+/// without building the names: this is the hot path of mpi_avg_grads.
+void collect_params(const torch::nn::Module& m, std::vector<at::Tensor>& out) {
+    for (const auto& item : ParamAccess::of(m))
+        if (item.value().defined()) out.push_back(item.value());
+    for (const auto& child : m.children()) collect_params(*child, out);
+}
+
+std::vector<Named> list_entries(const std::vector<torch::Tensor>& tensors, const char* what) {
+    std::vector<Named> out;
+    out.reserve(tensors.size());
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        if (!tensors[i].defined())
+            detail::fail(what, "tensor " + std::to_string(i) + " is undefined");
+        out.push_back({"tensor", std::to_string(i), tensors[i]});
+    }
+    return out;
+}
+
+// ------------------------------------------------------------ sync_params
+
+void sync_entries(const std::vector<Named>& entries, int root, MPI_Comm comm) {
+    constexpr const char* call = "mpiml::sync_params";
+    std::vector<std::string> descs;
+    descs.reserve(entries.size());
+    for (const auto& e : entries) descs.push_back(describe(e.kind, e.name, e.tensor));
+    verify_same(descs, root, comm, call);  // throws on every rank or on none
+
+    // From here on every rank has the same dtypes and shapes, so every check
+    // below fails on all ranks or on none.
+    const int size = num_procs(comm);
+    if (root < 0 || root >= size)
+        detail::fail(call, "root " + std::to_string(root) + " is not a rank of a communicator "
+                           "of size " + std::to_string(size));
+    for (const auto& e : entries)
+        if (e.tensor.layout() != at::kStrided || e.tensor.is_quantized())
+            detail::fail(call, e.kind + std::string(" '") + e.name +
+                                   "' is not a dense tensor; only dense tensors can be synced");
+    if (size == 1) return;
+    const bool is_root = proc_id(comm) == root;
+
+    torch::NoGradGuard no_grad;
+    std::vector<at::ScalarType> order;  // dtypes in first-appearance order
+    for (const auto& e : entries)
+        if (std::find(order.begin(), order.end(), e.tensor.scalar_type()) == order.end())
+            order.push_back(e.tensor.scalar_type());
+
+    for (const at::ScalarType s : order) {
+        std::vector<const at::Tensor*> group;
+        std::size_t numel = 0;
+        for (const auto& e : entries)
+            if (e.tensor.scalar_type() == s) {
+                group.push_back(&e.tensor);
+                numel += static_cast<std::size_t>(e.tensor.numel());
+            }
+        if (numel == 0) continue;  // same on every rank: shapes agree
+        const auto [type, mult] = bcast_type(s);
+        const std::size_t esize = c10::elementSize(s);
+
+        if (group.size() == 1 && plain(*group[0], s)) {  // no staging needed
+            detail::broadcast(group[0]->data_ptr(), numel * mult, type, root, comm, call);
+            if (!is_root) bump_version(*group[0]);
+            continue;
+        }
+        auto buf = std::make_unique_for_overwrite<std::byte[]>(numel * esize);
+        std::size_t off = 0;
+        if (is_root)
+            for (const at::Tensor* t : group) {
+                const auto n = static_cast<std::size_t>(t->numel());
+                if (plain(*t, s))
+                    std::memcpy(buf.get() + off * esize, t->data_ptr(), n * esize);
+                else
+                    wire_view(buf.get() + off * esize, t->sizes(), s).copy_(*t);
+                off += n;
+            }
+        detail::broadcast(buf.get(), numel * mult, type, root, comm, call);
+        if (!is_root)
+            for (const at::Tensor* t : group) {
+                const auto n = static_cast<std::size_t>(t->numel());
+                if (plain(*t, s))
+                    std::memcpy(t->data_ptr(), buf.get() + off * esize, n * esize);
+                else
+                    t->copy_(wire_view(buf.get() + off * esize, t->sizes(), s));
+                bump_version(*t);
+                off += n;
+            }
+    }
+}
+
+// --------------------------------------------------------- mpi_avg_grads
+
+struct GradEntry {
+    at::Tensor param;
+    std::size_t index;  // position in the caller's parameter list
+    Wire wire;
+    std::size_t numel;
+};
+
+struct Bucket {
+    Wire wire;
+    std::size_t first_entry;  // indices into the bucket order
+    std::size_t entries;
+    std::size_t payload;  // elements, excluding the per-entry flags
+};
+
+struct GradState {
+    Scratch scratch;
+    std::vector<GradEntry> entries;
+    std::vector<std::size_t> order;  // entries grouped by wire, parameter order kept
+    std::vector<Bucket> buckets;
+    std::unordered_set<const void*> seen;
+};
+
+GradState& grad_state() {
+    thread_local GradState state;
+    return state;
+}
+
+/// The flag's value: a float or double, or the real part of a complex.
+double flag_value(const Wire& w, const void* p) {
+    switch (w.scalar) {
+        case at::kFloat:
+        case at::kComplexFloat: return *static_cast<const float*>(p);
+        default: return *static_cast<const double*>(p);
+    }
+}
+
+void set_flag(const Wire& w, void* p, bool on) {
+    std::memset(p, 0, w.size);
+    if (!on) return;
+    switch (w.scalar) {
+        case at::kFloat: *static_cast<float*>(p) = 1.0f; break;
+        case at::kComplexFloat: *static_cast<float*>(p) = 1.0f; break;  // real part
+        default: *static_cast<double*>(p) = 1.0; break;
+    }
+}
+
+void check_numel(const GradEntry& e, const at::Tensor& g) {
+    if (g.numel() != static_cast<std::int64_t>(e.numel))
+        throw std::invalid_argument("the gradient of parameter #" + std::to_string(e.index) +
+                                    " has " + std::to_string(g.numel()) +
+                                    " elements but the parameter has " +
+                                    std::to_string(e.numel));
+}
+
+/// Packs p's gradient (zeros when undefined); returns whether it was defined.
+bool pack_grad(const GradEntry& e, void* dst) {
+    const at::Tensor& g = e.param.grad();
+    if (!g.defined()) {
+        std::memset(dst, 0, e.numel * e.wire.size);
+        return false;
+    }
+    check_numel(e, g);
+    if (plain(g, e.param.scalar_type())) {
+        pack_plain(g, dst);
+    } else {
+        const at::Tensor src = g.layout() == at::kStrided ? g : g.to_dense();
+        wire_view(dst, e.param.sizes(), e.wire.scalar).copy_(src.view(e.param.sizes()));
+    }
+    return true;
+}
+
+/// Writes src / ranks into p's gradient, creating it when undefined here.
+void unpack_grad(const GradEntry& e, void* src, int ranks) {
+    at::Tensor& g = e.param.mutable_grad();
+    const at::ScalarType s = e.param.scalar_type();
+    if (!g.defined()) g = at::empty(e.param.sizes(), e.param.options());
+    check_numel(e, g);
+    if (plain(g, s)) return unpack_plain_div(src, g, ranks);
+    at::Tensor v = wire_view(src, e.param.sizes(), e.wire.scalar);
+    v.div_(ranks);
+    if (g.layout() == at::kStrided)
+        g.copy_(v.view(g.sizes()));
+    else
+        g = v.to(g.options().layout(at::kStrided), /*non_blocking=*/false, /*copy=*/true);
+}
+
+void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opts,
+               MPI_Comm comm, const std::vector<std::string>* check_descs) {
+    constexpr const char* call = "mpiml::mpi_avg_grads";
+    if (check_descs) verify_same(*check_descs, -1, comm, call);
+    const int size = num_procs(comm);
+    if (size == 1) return;
+
+    GradState& st = grad_state();
+    st.entries.clear();
+    st.seen.clear();
+    struct Release {  // hold no tensors between calls
+        GradState& st;
+        ~Release() { st.entries.clear(); }
+    } release{st};
+    for (std::size_t i = 0; i < params.size(); ++i) {
+        const at::Tensor& p = params[i];
+        if (!p.defined() || !has_gradients(p.scalar_type())) continue;
+        if (!st.seen.insert(p.unsafeGetTensorImpl()).second) continue;
+        const auto wire = sum_wire(p.scalar_type());
+        if (!wire)  // depends only on dtypes, so every rank throws here or none
+            detail::fail(call, "parameters of dtype " + dtype_name(p.scalar_type()) +
+                                   " are not supported");
+        st.entries.push_back({p, i, *wire, static_cast<std::size_t>(p.numel())});
+    }
+
+    // Fixed plan: wires in order of first appearance, parameter order within.
+    st.order.clear();
+    st.buckets.clear();
+    std::vector<Wire> wires;  // at most four
+    for (const GradEntry& e : st.entries)
+        if (std::none_of(wires.begin(), wires.end(),
+                         [&](const Wire& w) { return w.mpi == e.wire.mpi; }))
+            wires.push_back(e.wire);
+    std::size_t largest = 0;  // bytes of the largest bucket, flags included
+    for (const Wire& w : wires) {
+        for (std::size_t j = 0; j < st.entries.size(); ++j) {
+            const GradEntry& e = st.entries[j];
+            if (e.wire.mpi != w.mpi) continue;
+            Bucket* b = st.buckets.empty() ? nullptr : &st.buckets.back();
+            if (!b || b->wire.mpi != w.mpi ||
+                (b->payload + e.numel) * w.size > opts.bucket_cap_bytes) {
+                st.buckets.push_back({w, st.order.size(), 0, 0});
+                b = &st.buckets.back();
+            }
+            st.order.push_back(j);
+            b->entries += 1;
+            b->payload += e.numel;
+            largest = std::max(largest, (b->payload + b->entries) * w.size);
+        }
+    }
+    if (st.buckets.empty()) return;
+    auto* buf = static_cast<std::byte*>(st.scratch.get(largest));
+
+    torch::NoGradGuard no_grad;
+    std::string deferred;  // a local failure, thrown after the collectives
+    for (const Bucket& b : st.buckets) {
+        const std::size_t es = b.wire.size;
+        std::byte* flags = buf + b.payload * es;
+        std::size_t off = 0;
+        for (std::size_t k = 0; k < b.entries; ++k) {
+            const GradEntry& e = st.entries[st.order[b.first_entry + k]];
+            bool defined = false;
+            try {
+                defined = pack_grad(e, buf + off * es);
+            } catch (const std::exception& ex) {
+                if (deferred.empty()) deferred = ex.what();
+                std::memset(buf + off * es, 0, e.numel * es);
+            }
+            set_flag(b.wire, flags + k * es, defined);
+            off += e.numel;
+        }
+        // Flags count the ranks that had a gradient.
+        detail::allreduce(MPI_IN_PLACE, buf, b.payload + b.entries, b.wire.mpi, b.wire.cls,
+                          Op::sum, comm, call);
+        off = 0;
+        for (std::size_t k = 0; k < b.entries; ++k) {
+            const GradEntry& e = st.entries[st.order[b.first_entry + k]];
+            // Undefined on every rank: stays undefined, as in one process.
+            if (flag_value(b.wire, flags + k * es) != 0.0) {
+                try {
+                    unpack_grad(e, buf + off * es, size);
+                } catch (const std::exception& ex) {
+                    if (deferred.empty()) deferred = ex.what();
+                }
+            }
+            off += e.numel;
+        }
+    }
+    if (!deferred.empty()) detail::fail(call, deferred);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- public
+
+void setup_pytorch_for_mpi() {
+    constexpr const char* call = "mpiml::setup_pytorch_for_mpi";
+    const MPI_Comm comm = Comm{}.get();
+    MPI_Comm node = MPI_COMM_NULL;
+    detail::check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+                      call);
+    struct Free {
+        MPI_Comm* c;
+        ~Free() { MPI_Comm_free(c); }
+    } free_node{&node};
+
+    // CPUs this rank may run on, and how many ranks on this node share them
+    // (a launcher that binds ranks to disjoint cores leaves each its own).
+    cpu_set_t mine;
+    CPU_ZERO(&mine);
+    const bool have_mask = sched_getaffinity(0, sizeof mine, &mine) == 0 && CPU_COUNT(&mine) > 0;
+    if (!have_mask) CPU_ZERO(&mine);
+    const int local = num_procs(node);
+    std::vector<cpu_set_t> masks(static_cast<std::size_t>(local));
+    detail::allgather(&mine, masks.data(), sizeof(cpu_set_t), MPI_BYTE, node, call);
+
+    int cpus = 0, sharing = 0;
+    if (have_mask) {
+        cpus = CPU_COUNT(&mine);
+        for (auto& m : masks) {
+            cpu_set_t both;
+            CPU_AND(&both, &mine, &m);
+            sharing += CPU_COUNT(&m) == 0 || CPU_COUNT(&both) > 0;  // unknown mask: shares
+        }
+    } else {
+        cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+        sharing = local;
+    }
+    if (at::get_num_threads() == 1) return;
+    at::set_num_threads(std::max(1, cpus / std::max(1, sharing)));
+}
+
+void sync_params(torch::nn::Module& module, int root, Comm comm) {
+    sync_entries(module_entries(module, /*with_buffers=*/true), root, comm.get());
+}
+
+void sync_params(const torch::Tensor& tensor, int root, Comm comm) {
+    sync_params(std::vector<torch::Tensor>{tensor}, root, comm);
+}
+
+void sync_params(const std::vector<torch::Tensor>& tensors, int root, Comm comm) {
+    std::vector<Named> entries = list_entries(tensors, "mpiml::sync_params");
+    std::unordered_set<const void*> seen;
+    std::erase_if(entries,
+                  [&](const Named& e) { return !seen.insert(e.tensor.unsafeGetTensorImpl()).second; });
+    sync_entries(entries, root, comm.get());
+}
+
+void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts, Comm comm) {
+    const MPI_Comm c = comm.get();
+    if (check_enabled()) {
+        const std::vector<Named> entries = module_entries(module, /*with_buffers=*/false);
+        std::vector<std::string> descs;
+        std::vector<at::Tensor> params;
+        for (const auto& e : entries) {
+            descs.push_back(describe(e.kind, e.name, e.tensor));
+            params.push_back(e.tensor);
+        }
+        return avg_grads(params, opts, c, &descs);
+    }
+    thread_local std::vector<at::Tensor> params;
+    params.clear();
+    collect_params(module, params);
+    avg_grads(params, opts, c, nullptr);
+    params.clear();  // drop the references
+}
+
+void mpi_avg_grads(const std::vector<torch::Tensor>& params, const AvgGradsOptions& opts,
+                   Comm comm) {
+    const MPI_Comm c = comm.get();
+    if (check_enabled()) {
+        std::vector<std::string> descs;
+        for (std::size_t i = 0; i < params.size(); ++i)
+            if (params[i].defined())
+                descs.push_back(describe("tensor", std::to_string(i), params[i]));
+        return avg_grads(params, opts, c, &descs);
+    }
+    avg_grads(params, opts, c, nullptr);
+}
+
+torch::Tensor mpi_avg(const torch::Tensor& x, Comm comm) {
+    constexpr const char* call = "mpiml::mpi_avg";
+    const MPI_Comm c = comm.get();
+    if (!x.defined()) detail::fail(call, "tensor is undefined");
+    const auto wire = sum_wire(x.scalar_type());
+    if (!wire) detail::fail(call, "dtype " + dtype_name(x.scalar_type()) + " is not supported");
+    torch::NoGradGuard no_grad;
+    const at::Tensor src = x.layout() == at::kStrided ? x : x.to_dense();
+    at::Tensor buf = at::empty(src.sizes(), at::TensorOptions().dtype(wire->scalar));
+    buf.copy_(src);
+    const int size = num_procs(c);
+    detail::allreduce(MPI_IN_PLACE, buf.data_ptr(), static_cast<std::size_t>(buf.numel()),
+                      wire->mpi, wire->cls, Op::sum, c, call);
+    buf.div_(size);
+    const at::ScalarType out = has_gradients(x.scalar_type()) ? x.scalar_type() : at::kDouble;
+    return buf.to(src.options().dtype(out), /*non_blocking=*/false, /*copy=*/false);
+}
+
+}  // namespace mpiml

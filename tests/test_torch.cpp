@@ -1,0 +1,330 @@
+// mpiml::torch under mpirun: data-parallel training equals one process on the
+// whole batch, plus every edge case of sync_params / mpi_avg_grads / mpi_avg.
+#include <mpiml/mpiml.hpp>
+#include <mpiml/torch.hpp>
+
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+int rank() { return mpiml::proc_id(); }
+int size() { return mpiml::num_procs(); }
+
+/// Small net with a 0-d parameter.
+struct NetImpl : torch::nn::Module {
+    NetImpl() {
+        l1 = register_module("l1", torch::nn::Linear(5, 8));
+        l2 = register_module("l2", torch::nn::Linear(8, 2));
+        scale = register_parameter("scale", torch::ones({}));
+    }
+    torch::Tensor forward(const torch::Tensor& x) { return scale * l2(torch::tanh(l1(x))); }
+    torch::nn::Linear l1{nullptr}, l2{nullptr};
+    torch::Tensor scale;
+};
+TORCH_MODULE(Net);
+
+Net make_net(int seed, torch::Dtype dtype) {
+    torch::manual_seed(seed);
+    Net net;
+    net->to(dtype);
+    return net;
+}
+
+double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    double m = 0;
+    for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+        m = std::max(m, (a[i] - b[i]).abs().max().item<double>());
+    return m;
+}
+
+/// Expects `fn` to throw mpiml::Error whose message contains every needle.
+template <class F>
+void expect_error(F&& fn, const std::vector<std::string>& needles) {
+    try {
+        fn();
+        ADD_FAILURE() << "no mpiml::Error thrown";
+    } catch (const mpiml::Error& e) {
+        const std::string what = e.what();
+        if (rank() == 0) std::printf("  mpiml::Error: %s\n", what.c_str());
+        for (const auto& n : needles)
+            EXPECT_NE(what.find(n), std::string::npos) << "'" << n << "' not in: " << what;
+    }
+}
+
+// ------------------------------------------------ the key equivalence test
+
+void train_and_compare(torch::Dtype dtype, double tol) {
+    constexpr int batch = 12, steps = 20;
+    const int n = size(), r = rank();
+    ASSERT_EQ(batch % n, 0);
+    torch::manual_seed(99);
+    const auto x = torch::randn({batch, 5}).to(dtype);
+    const auto y = torch::randn({batch, 2}).to(dtype);
+
+    Net net = make_net(1000 + r, dtype);  // different initial weights per rank
+    Net ref = make_net(1000, dtype);      // one process: rank 0's initial weights
+    if (n > 1 && r != 0) EXPECT_GT(max_abs_diff(net->parameters(), ref->parameters()), 0.0);
+    mpiml::sync_params(net);
+    EXPECT_EQ(max_abs_diff(net->parameters(), ref->parameters()), 0.0);
+
+    const int per = batch / n;
+    const auto xs = x.narrow(0, r * per, per), ys = y.narrow(0, r * per, per);
+    torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
+    torch::optim::Adam ref_opt(ref->parameters(), torch::optim::AdamOptions(1e-2));
+    for (int step = 0; step < steps; ++step) {
+        opt.zero_grad();
+        torch::nn::functional::mse_loss(net(xs), ys).backward();
+        mpiml::mpi_avg_grads(net);
+        opt.step();
+
+        ref_opt.zero_grad();
+        torch::nn::functional::mse_loss(ref(x), y).backward();
+        ref_opt.step();
+    }
+    for (const auto& p : net->parameters()) EXPECT_EQ(p.scalar_type(), dtype);
+    const double diff = max_abs_diff(net->parameters(), ref->parameters());
+    EXPECT_LT(diff, tol) << "ranks " << n;
+    if (r == 0) std::printf("  max |data-parallel - one process| = %.3g\n", diff);
+    // Training moved the weights, so the comparison means something.
+    EXPECT_GT(max_abs_diff(net->parameters(), make_net(1000, dtype)->parameters()), 1e-3);
+}
+
+TEST(TorchTraining, EqualsOneProcessFloat64) { train_and_compare(torch::kFloat64, 1e-10); }
+TEST(TorchTraining, EqualsOneProcessFloat32) { train_and_compare(torch::kFloat32, 1e-5); }
+
+// ------------------------------------------------------------ sync_params
+
+TEST(TorchSync, ModuleMismatchShapeThrowsEverywhere) {
+    if (size() == 1) GTEST_SKIP() << "needs 2+ ranks";
+    const bool odd = rank() == size() - 1;
+    torch::nn::Sequential m(torch::nn::Linear(4, 3), torch::nn::Linear(3, odd ? 1 : 2));
+    const std::string odd_rank = "rank " + std::to_string(size() - 1);
+    expect_error([&] { mpiml::sync_params(m); },
+                 {"mpiml::sync_params", "'1.weight'", odd_rank, "float32[1, 3]", "float32[2, 3]"});
+    // Still in step: the next collective works on every rank.
+    torch::nn::Linear ok(2, 2);
+    EXPECT_NO_THROW(mpiml::sync_params(ok));
+}
+
+TEST(TorchSync, ModuleMismatchCountAndDtypeThrowEverywhere) {
+    if (size() == 1) GTEST_SKIP() << "needs 2+ ranks";
+    const bool odd = rank() == 1;
+    torch::nn::Sequential a(torch::nn::Linear(2, 2));
+    if (odd) a->push_back(torch::nn::Linear(2, 2));
+    expect_error([&] { mpiml::sync_params(a); }, {"'1.weight'", "rank 1", "nothing"});
+
+    torch::nn::Linear b(3, 3);
+    if (odd) b->to(torch::kFloat64);
+    expect_error([&] { mpiml::sync_params(b); }, {"'weight'", "rank 1", "float64[3, 3]"});
+
+    torch::nn::Linear c(3, 3);
+    expect_error([&] { mpiml::sync_params(c, /*root=*/rank() % 2); }, {"root"});
+    EXPECT_NO_THROW(mpiml::sync_params(c));
+}
+
+TEST(TorchSync, BuffersAndRootRank) {
+    torch::nn::BatchNorm1d bn(3);
+    torch::NoGradGuard no_grad;
+    bn->running_mean.fill_(rank() + 1);
+    bn->running_var.fill_(10 * (rank() + 1));
+    bn->num_batches_tracked.fill_(rank() + 7);
+    bn->weight.fill_(-rank());
+    const int root = size() - 1;
+    mpiml::sync_params(bn, root);
+    EXPECT_TRUE(bn->running_mean.equal(torch::full({3}, root + 1.0)));
+    EXPECT_TRUE(bn->running_var.equal(torch::full({3}, 10.0 * (root + 1))));
+    EXPECT_EQ(bn->num_batches_tracked.item<std::int64_t>(), root + 7);
+    EXPECT_TRUE(bn->weight.equal(torch::full({3}, -double(root))));
+}
+
+TEST(TorchSync, TensorAndListOverloads) {
+    auto t = torch::full({2, 2}, double(rank()), torch::kFloat64);
+    mpiml::sync_params(t);
+    EXPECT_TRUE(t.equal(torch::zeros({2, 2}, torch::kFloat64)));
+
+    // Mixed dtypes, a non-contiguous view, float16 and bfloat16 bit copies.
+    auto base = torch::full({3, 2}, rank() + 0.5);
+    std::vector<torch::Tensor> list = {
+        base.t(), torch::full({4}, rank(), torch::kInt64), torch::full({3}, rank() + 0.25, torch::kHalf),
+        torch::full({3}, rank() + 0.5, torch::kBFloat16), torch::full({}, rank() * 2.0)};
+    mpiml::sync_params(list);
+    EXPECT_TRUE(base.equal(torch::full({3, 2}, 0.5)));
+    EXPECT_TRUE(list[1].equal(torch::zeros({4}, torch::kInt64)));
+    EXPECT_TRUE(list[2].equal(torch::full({3}, 0.25, torch::kHalf)));
+    EXPECT_TRUE(list[3].equal(torch::full({3}, 0.5, torch::kBFloat16)));
+    EXPECT_EQ(list[4].item<float>(), 0.0f);
+}
+
+// --------------------------------------------------------- mpi_avg_grads
+
+double mean_of_ranks(double per_rank_scale) {  // mean over r of scale * (r + 1)
+    return per_rank_scale * (size() + 1) / 2.0;
+}
+
+TEST(TorchAvgGrads, Float64KeepsPrecision) {
+    auto p = torch::zeros({5}, torch::kFloat64).requires_grad_();
+    p.mutable_grad() = torch::full({5}, 1.0 + 1e-12 * rank(), torch::kFloat64);
+    mpiml::mpi_avg_grads(std::vector<torch::Tensor>{p});
+    EXPECT_EQ(p.grad().scalar_type(), torch::kFloat64);
+    const double want = 1.0 + 1e-12 * (size() - 1) / 2.0;
+    EXPECT_NEAR((p.grad() - want).abs().max().item<double>(), 0.0, 1e-15);
+}
+
+TEST(TorchAvgGrads, HalfAndBFloat16ReduceInFloat32) {
+    for (auto dtype : {torch::kHalf, torch::kBFloat16}) {
+        auto p = torch::zeros({7}, dtype).requires_grad_();
+        p.mutable_grad() = torch::full({7}, rank() + 1.0, dtype);
+        auto q = torch::zeros({3}, torch::kFloat32).requires_grad_();
+        q.mutable_grad() = torch::full({3}, 2.0 * (rank() + 1));
+        mpiml::mpi_avg_grads(std::vector<torch::Tensor>{p, q});
+        EXPECT_EQ(p.grad().scalar_type(), dtype);
+        EXPECT_TRUE(p.grad().equal(torch::full({7}, mean_of_ranks(1), dtype)));
+        EXPECT_TRUE(q.grad().equal(torch::full({3}, mean_of_ranks(2))));
+    }
+}
+
+TEST(TorchAvgGrads, ZeroDimParameter) {
+    auto p = torch::tensor(2.0).requires_grad_();
+    (p * p * (rank() + 1)).backward();  // d/dp = 4 (rank + 1)
+    mpiml::mpi_avg_grads(std::vector<torch::Tensor>{p});
+    EXPECT_EQ(p.grad().dim(), 0);
+    EXPECT_DOUBLE_EQ(p.grad().item<double>(), mean_of_ranks(4));
+}
+
+TEST(TorchAvgGrads, UndefinedOnOneRankCountsAsZero) {
+    auto a = torch::zeros({4}).requires_grad_();
+    auto b = torch::zeros({2}).requires_grad_();
+    auto never = torch::zeros({3}).requires_grad_();
+    if (rank() != 0) a.mutable_grad() = torch::full({4}, double(rank()));
+    b.mutable_grad() = torch::full({2}, rank() + 1.0);
+    mpiml::mpi_avg_grads(std::vector<torch::Tensor>{a, never, b});
+    if (size() == 1) {
+        EXPECT_FALSE(a.grad().defined());  // one rank: nothing to do
+    } else {
+        ASSERT_TRUE(a.grad().defined());
+        const double want = (size() - 1) * size() / 2.0 / size();  // sum of 1..n-1, over n
+        EXPECT_TRUE(a.grad().allclose(torch::full({4}, want)));
+    }
+    EXPECT_FALSE(never.grad().defined());  // undefined everywhere: stays undefined
+    EXPECT_TRUE(b.grad().equal(torch::full({2}, mean_of_ranks(1))));
+}
+
+TEST(TorchAvgGrads, NonContiguousGradientKeepsItsLayout) {
+    auto p = torch::zeros({2, 3}).requires_grad_();
+    const auto pattern = torch::arange(6, torch::kFloat32).reshape({3, 2}).t();
+    p.mutable_grad() = pattern * (rank() + 1);
+    ASSERT_FALSE(p.grad().is_contiguous());
+    const void* data = p.grad().data_ptr();
+    mpiml::mpi_avg_grads(std::vector<torch::Tensor>{p});
+    EXPECT_EQ(p.grad().data_ptr(), data);  // in place
+    EXPECT_FALSE(p.grad().is_contiguous());
+    EXPECT_TRUE(p.grad().allclose(pattern * mean_of_ranks(1)));
+}
+
+TEST(TorchAvgGrads, BucketCapSmallerThanTensors) {
+    for (std::size_t cap : {std::size_t{0}, std::size_t{8}, std::size_t{40}, std::size_t{25} << 20}) {
+        torch::nn::Sequential m(torch::nn::Linear(4, 6), torch::nn::Linear(6, 2));
+        m[1]->to(torch::kFloat64);  // two wire dtypes interleaved with buckets
+        auto params = m->parameters();
+        for (std::size_t i = 0; i < params.size(); ++i)
+            params[i].mutable_grad() = torch::full_like(params[i], (i + 1.0) * (rank() + 1));
+        mpiml::mpi_avg_grads(m, mpiml::AvgGradsOptions{cap});
+        for (std::size_t i = 0; i < params.size(); ++i)
+            EXPECT_TRUE(params[i].grad().equal(torch::full_like(params[i], mean_of_ranks(i + 1.0))))
+                << "cap " << cap << " param " << i;
+    }
+}
+
+TEST(TorchAvgGrads, SparseGradientBecomesDenseAverage) {
+    torch::nn::Embedding emb(torch::nn::EmbeddingOptions(4, 2).sparse(true));
+    emb(torch::tensor({int64_t(rank() % 4)})).sum().backward();
+    ASSERT_TRUE(emb->weight.grad().is_sparse());
+    mpiml::mpi_avg_grads(emb);
+    const auto g = emb->weight.grad();
+    if (size() > 1) ASSERT_FALSE(g.is_sparse());  // one rank: untouched
+    auto want = torch::zeros({4, 2});
+    for (int r = 0; r < size(); ++r) want[r % 4] += 1.0 / size();
+    EXPECT_TRUE(g.to_dense().allclose(want));
+}
+
+TEST(TorchAvgGrads, OneRankIsANoOp) {
+    if (size() != 1) GTEST_SKIP() << "one rank only";
+    auto p = torch::zeros({2, 3}).requires_grad_();
+    p.mutable_grad() = torch::arange(6, torch::kFloat32).reshape({3, 2}).t();
+    const auto before = p.grad().clone();
+    const void* data = p.grad().data_ptr();
+    mpiml::mpi_avg_grads(std::vector<torch::Tensor>{p});
+    EXPECT_EQ(p.grad().data_ptr(), data);
+    EXPECT_TRUE(p.grad().equal(before));
+}
+
+TEST(TorchAvgGrads, LocalBadGradientThrowsOnlyThereWithoutHang) {
+    auto p = torch::zeros({4}).requires_grad_();
+    p.mutable_grad() = rank() == 0 ? torch::ones({5}) : torch::ones({4});
+    if (size() == 1) return;  // one rank: no-op, nothing is read
+    if (rank() == 0)
+        expect_error([&] { mpiml::mpi_avg_grads(std::vector<torch::Tensor>{p}); },
+                     {"mpiml::mpi_avg_grads", "5 elements"});
+    else
+        EXPECT_NO_THROW(mpiml::mpi_avg_grads(std::vector<torch::Tensor>{p}));
+    mpiml::barrier();
+}
+
+TEST(TorchAvgGrads, MismatchIsCaughtWhenChecksAreOn) {
+    if (size() == 1) GTEST_SKIP() << "needs 2+ ranks";
+    const bool was = mpiml::check_enabled();
+    mpiml::set_check(true);
+    torch::nn::Linear m(3, rank() == 1 ? 4 : 3);
+    for (auto& p : m->parameters()) p.mutable_grad() = torch::ones_like(p);
+    expect_error([&] { mpiml::mpi_avg_grads(m); }, {"mpiml::mpi_avg_grads", "'weight'", "rank 1"});
+    mpiml::set_check(was);
+}
+
+// ---------------------------------------------------------- mpi_avg, setup
+
+TEST(TorchAvg, NewTensorSameShapeAndDtype) {
+    const auto x = torch::full({2, 3}, double(rank()), torch::kFloat32);
+    const auto avg = mpiml::mpi_avg(x);
+    EXPECT_EQ(avg.scalar_type(), torch::kFloat32);
+    EXPECT_EQ(avg.sizes(), x.sizes());
+    EXPECT_TRUE(avg.allclose(torch::full({2, 3}, (size() - 1) / 2.0)));
+    EXPECT_TRUE(x.equal(torch::full({2, 3}, double(rank()), torch::kFloat32)));  // untouched
+
+    const auto kl = mpiml::mpi_avg(torch::tensor(0.01 * (rank() + 1), torch::kFloat64));
+    EXPECT_EQ(kl.dim(), 0);
+    EXPECT_DOUBLE_EQ(kl.item<double>(), mean_of_ranks(0.01));
+
+    const auto ints = mpiml::mpi_avg(torch::full({2}, rank(), torch::kInt64));
+    EXPECT_EQ(ints.scalar_type(), torch::kFloat64);  // integers average to float64
+    EXPECT_DOUBLE_EQ(ints[0].item<double>(), (size() - 1) / 2.0);
+
+    const auto t = torch::arange(6, torch::kFloat32).reshape({2, 3}).t() * (rank() + 1);
+    EXPECT_TRUE(mpiml::mpi_avg(t).equal(torch::arange(6, torch::kFloat32).reshape({2, 3}).t() *
+                                        float(mean_of_ranks(1))));
+}
+
+TEST(TorchSetup, FairShareOfThreads) {
+    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    at::set_num_threads(hw);
+    mpiml::setup_pytorch_for_mpi();
+    EXPECT_GE(at::get_num_threads(), 1);
+    EXPECT_LE(at::get_num_threads(), std::max(1, hw / size()));  // all ranks on this node
+    at::set_num_threads(1);
+    mpiml::setup_pytorch_for_mpi();
+    EXPECT_EQ(at::get_num_threads(), 1);
+}
+
+}  // namespace
