@@ -422,7 +422,8 @@ def render(data):
         ["Ranks", ", ".join("%d%s" % (n, " (oversubscribed)" if n > cores else "")
                             for n in rank_counts)],
         ["Date", meta["date"]],
-        ["Build", "%s, CMake Release (-O3)" % s.get("compiler", "?")],
+        ["Build", "%s, CMake Release (-O3)%s" % (s.get("compiler", "?"), "".join(
+            ", `%s=%s`" % kv for kv in meta.get("mpiml_env", {}).items()))],
         ["Python peers", "Python %s, mpi4py %s, NumPy %s, PyTorch %s" % (
             s.get("python", "?"), s.get("mpi4py", "?"), s.get("numpy", "?"),
             s.get("torch_python", "?"))],
@@ -592,6 +593,7 @@ def main():
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_info(), "software": software_info(),
         "mpi_library_version": mpi_version, "ranks": ranks, "quick": a.quick, "nice": a.nice,
+        "mpiml_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MPIML_")},
         "loadavg": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "seconds": round(time.time() - t0, 1), "job_seconds": seconds, "failures": failures,
         "skipped": [] if have_grads else ["bench_grads (mpiml::torch not built)"],
