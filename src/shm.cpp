@@ -24,6 +24,7 @@
 #include <mpiml/shm.hpp>
 
 #include <sched.h>
+#include <unistd.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -46,10 +47,10 @@ namespace detail {
 namespace {
 
 // Defaults (see BENCHMARKS.md, "Shared-memory fast path"). On one node the
-// shared-memory allreduce measured at least as fast as MPI_Allreduce at every
-// size. Across nodes, small messages pay two leader collectives instead of
+// shared-memory allreduce won from 512 B up and tied or lost by up to ~10%
+// below. Across nodes, small messages pay two leader collectives instead of
 // one MPI_Allreduce, so auto mode leaves those to MPI (not measured: one box).
-constexpr std::size_t kDefaultAllreduceThreshold = 0;
+constexpr std::size_t kDefaultAllreduceThreshold = 512;
 constexpr std::size_t kMultiNodeMinimum = std::size_t{64} << 10;
 constexpr std::size_t kDefaultBroadcastThreshold = std::size_t{1} << 10;
 constexpr std::size_t kDefaultChunk = std::size_t{1} << 20;
@@ -379,13 +380,15 @@ struct ShmContext {
     std::vector<std::uint64_t*> flag;  // node rank -> its barrier flag
     std::uint64_t epoch = 0;
     std::uint64_t round = 0;
+    int spin_limit = 64;               // pauses before yielding (see barrier)
     std::vector<char> scratch;         // leader reduce-scatter
     bool alive = false;
 
     char* set(int q) const { return data[q] + (round % 2) * chunk; }
 
-    // Flags in shared memory: release on arrival, acquire on every peer;
-    // spins briefly, then yields (ranks may outnumber cores).
+    // Flags in shared memory: release on arrival, acquire on every peer.
+    // Spins (long when every rank has a core of its own, briefly when ranks
+    // outnumber cores), then yields.
     void barrier() {
         ++epoch;
         std::atomic_ref<std::uint64_t>(*flag[node_rank]).store(epoch, std::memory_order_release);
@@ -393,7 +396,7 @@ struct ShmContext {
             if (q == node_rank) continue;
             std::atomic_ref<std::uint64_t> f(*flag[q]);
             for (int spins = 0; f.load(std::memory_order_acquire) < epoch; ++spins) {
-                if (spins < 200) cpu_relax();
+                if (spins < spin_limit) cpu_relax();
                 else sched_yield();
             }
         }
@@ -518,6 +521,8 @@ std::shared_ptr<ShmContext> create_context(MPI_Comm comm, const char* call) {
     std::atomic_ref<std::uint64_t>(*c->flag[c->node_rank]).store(0, std::memory_order_release);
     check_mpi(MPI_Barrier(c->node), call);
     if (c->num_nodes > 1) c->scratch.resize(c->chunk + kLine * c->num_nodes);
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    c->spin_limit = cpus > 0 && c->node_size <= cpus ? 4096 : 64;
     return c;
 }
 
