@@ -27,6 +27,7 @@ struct Config {
     int save_freq = 10;
     std::optional<double> stop_at_return;  ///< stop once AverageEpRet reaches it
     std::string out;  ///< output folder
+    std::string profile;  ///< profile folder (mpiml::profile_start); empty: off
     int num_procs = 1;  ///< filled in at run time
 };
 

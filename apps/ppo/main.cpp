@@ -87,6 +87,10 @@ int main(int argc, char** argv) {
     app.add_option("--out", cfg.out,
                    "Output folder (default: out/ppo-<env>-s<seed>, relative to the "
                    "working directory)");
+    app.add_option("--profile", cfg.profile,
+                   "Profile every rank into this folder: profile_<rank>.json and timeline.json "
+                   "(open in ui.perfetto.dev or chrome://tracing), summary.csv; see "
+                   "docs/PROFILING.md");
     app.add_option("--save-freq", cfg.save_freq,
                    "Save the policy every this many epochs (and at the end)")
         ->check(CLI::PositiveNumber)

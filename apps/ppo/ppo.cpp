@@ -8,6 +8,7 @@
 
 #include <mpiml/collectives.hpp>
 #include <mpiml/print.hpp>
+#include <mpiml/profile.hpp>
 #include <mpiml/session.hpp>
 #include <mpiml/stats.hpp>
 #include <mpiml/torch.hpp>
@@ -20,6 +21,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numbers>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -291,6 +293,7 @@ void write_plot(const EpochLogger& log, const Config& cfg) {
 
 int train(Config cfg) {
     mpiml::setup_pytorch_for_mpi();
+    if (!cfg.profile.empty()) mpiml::profile_start(cfg.profile);
     const int rank = mpiml::proc_id();
     cfg.num_procs = mpiml::num_procs();
     if (cfg.steps_per_epoch < cfg.num_procs)
@@ -309,7 +312,10 @@ int train(Config cfg) {
     const int obs_dim = env->obs_dim();
     const int act_dim = space.discrete ? 1 : space.dim;
     ActorCritic ac(obs_dim, space, cfg.hidden, cfg.activation);
-    mpiml::sync_params(ac);
+    {
+        mpiml::Region r("sync_params");
+        mpiml::sync_params(ac);
+    }
 
     int64_t n_params = 0;
     for (const auto& p : ac->parameters()) n_params += p.numel();
@@ -343,8 +349,13 @@ int train(Config cfg) {
     };
 
     auto update = [&] {
-        const auto b = buf.get();
-        double kl_old, ent_old, cf_old, pi_l_old, v_l_old;
+        mpiml::Region update_region("update");
+        const auto b = [&] {
+            mpiml::Region r("advantage");  // normalization, pooled over ranks
+            return buf.get();
+        }();
+        double kl_old, ent_old, cf_old;
+        double pi_l_old, v_l_old;
         {
             torch::NoGradGuard no_grad;
             pi_l_old = compute_loss_pi(b, kl_old, ent_old, cf_old).item<double>();
@@ -353,6 +364,7 @@ int train(Config cfg) {
         double kl = 0, ent = 0, cf = 0;
         Tensor loss_pi;
         int i = 0;
+        std::optional<mpiml::Region> phase(std::in_place, "policy_update");
         for (i = 0; i < cfg.train_pi_iters; ++i) {
             pi_opt.zero_grad();
             loss_pi = compute_loss_pi(b, kl, ent, cf);
@@ -365,6 +377,7 @@ int train(Config cfg) {
         }
         if (i == cfg.train_pi_iters) i = std::max(0, cfg.train_pi_iters - 1);
         logger.store("StopIter", i);
+        phase.emplace("value_update");
         Tensor loss_v;
         for (int j = 0; j < cfg.train_v_iters; ++j) {
             vf_opt.zero_grad();
@@ -373,6 +386,7 @@ int train(Config cfg) {
             mpiml::mpi_avg_grads(ac->v);
             vf_opt.step();
         }
+        phase.reset();
         logger.store("LossPi", pi_l_old);
         logger.store("LossV", v_l_old);
         logger.store("KL", kl);
@@ -391,7 +405,9 @@ int train(Config cfg) {
     double rollout_s = 0, update_s = 0;
     int64_t total_steps = 0;
     for (int epoch = 0; epoch < cfg.epochs; ++epoch) {
+        mpiml::Region epoch_region("epoch");
         const auto epoch_start = clock::now();
+        std::optional<mpiml::Region> phase(std::in_place, "rollout");
         for (int t = 0; t < local_steps; ++t) {
             const StepOut s = act(ac, o);
             const StepResult r = env->step(s.action);
@@ -406,7 +422,9 @@ int train(Config cfg) {
             const bool epoch_ended = t == local_steps - 1;
             if (terminal || epoch_ended) {
                 // Bootstrap from V(s) unless the episode really ended.
-                buf.finish_path(r.terminated ? 0.0 : value(ac, o));
+                const double last_val = r.terminated ? 0.0 : value(ac, o);
+                mpiml::Region gae("advantage");
+                buf.finish_path(last_val);
                 if (terminal) {
                     logger.store("EpRet", ep_ret);
                     logger.store("EpLen", ep_len);
@@ -417,6 +435,7 @@ int train(Config cfg) {
             }
         }
 
+        phase.emplace("logging");
         logger.log_tabular("Epoch", static_cast<int64_t>(epoch));
         logger.log_tabular_stats("EpRet", true);
         logger.log_tabular_stats("EpLen", false, true);
@@ -429,8 +448,11 @@ int train(Config cfg) {
         mpiml::broadcast(stop);
         const bool last = stop || epoch == cfg.epochs - 1;
         // Like Spinning Up, save the policy that collected this epoch's data.
-        if (rank == 0 && !cfg.out.empty() && (epoch % cfg.save_freq == 0 || last))
+        if (rank == 0 && !cfg.out.empty() && (epoch % cfg.save_freq == 0 || last)) {
+            mpiml::Region r("save_policy");
             save_policy(ac, cfg.out);
+        }
+        phase.reset();
 
         const auto update_start = clock::now();
         rollout_s += std::chrono::duration<double>(update_start - epoch_start).count();
@@ -438,6 +460,7 @@ int train(Config cfg) {
         update_s += std::chrono::duration<double>(clock::now() - update_start).count();
         total_steps += steps_done;
 
+        phase.emplace("logging");
         logger.log_tabular_stats("LossPi", false, true);
         logger.log_tabular_stats("LossV", false, true);
         logger.log_tabular_stats("DeltaLossPi", false, true);
@@ -462,6 +485,7 @@ int train(Config cfg) {
         "{} env steps in {:.1f} s: {:.0f} steps/s; rank 0 spent {:.1f} s collecting "
         "({:.0f} steps/s over all ranks) and {:.1f} s updating",
         total_steps, wall, total_steps / wall, rollout_s, total_steps / rollout_s, update_s));
+    mpiml::profile_stop();  // collective; does nothing when not profiling
     if (rank == 0 && !cfg.out.empty()) {
         write_plot(logger, cfg);
         mpiml::pprint(fmt::format("Wrote {}/{{progress.txt, config.json, policy.pt, "
