@@ -156,15 +156,19 @@ Options parse(int argc, char** argv) {
 void bench_model(const Options& opt, const std::vector<int64_t>& hidden, std::vector<Row>& rows) {
     const int rank = mpiml::proc_id(), size = mpiml::num_procs();
     torch::manual_seed(rank);
-    ActorCritic ac(17, 6, hidden);
-    const auto params = ac->parameters();
-    // Real gradients from one backward pass.
-    {
+    auto make = [&] {
+        torch::manual_seed(rank);
+        ActorCritic m(17, 6, hidden);
+        // Real gradients from one backward pass.
         const auto obs = torch::randn({32, 17});
-        (ac->mu_net->forward(obs).pow(2).mean() + ac->v_net->forward(obs).pow(2).mean() +
-         ac->log_std.sum())
+        (m->mu_net->forward(obs).pow(2).mean() + m->v_net->forward(obs).pow(2).mean() +
+         m->log_std.sum())
             .backward();
-    }
+        return m;
+    };
+    ActorCritic ac = make();
+    ActorCritic ac_views = make();  // its gradients move into shared buckets
+    const auto params = ac->parameters();
     std::size_t numel = 0;
     for (const auto& p : params) numel += static_cast<std::size_t>(p.numel());
     const auto all = ac->named_parameters().size() + ac->named_buffers().size();
@@ -195,6 +199,8 @@ void bench_model(const Options& opt, const std::vector<int64_t>& hidden, std::ve
 
     const std::vector<std::pair<std::string, std::function<void()>>> grads = {
         {"mpiml::mpi_avg_grads", [&] { mpiml::mpi_avg_grads(ac, {opt.bucket_cap}); }},
+        {"mpi_avg_grads, bucket views",
+         [&] { mpiml::mpi_avg_grads(ac_views, {opt.bucket_cap, /*gradient_as_bucket_view=*/true}); }},
         {"per-parameter MPI_Allreduce",
          [&] {
              for (const auto& p : params) {

@@ -1,5 +1,6 @@
 // The type-erased collective core: every mpiml collective goes through here.
 #include "internal.hpp"
+#include "shm.hpp"
 
 #include <mpiml/collectives.hpp>
 
@@ -187,7 +188,9 @@ void check_consistent(const CallInfo& info, std::uint64_t seq) {
 
 CollectiveScope::CollectiveScope(const CallInfo& info) {
     const auto& s = state();
-    if (!s.check && s.timeout <= 0) return;
+    const bool prof = profiling();
+    if (!s.check && s.timeout <= 0 && !prof) return;
+    const std::int64_t t0 = prof ? profile_now() : 0;
     const std::uint64_t seq = next_sequence(info.comm);
     if (s.timeout > 0) {
         watchdog_arm(info, seq);
@@ -202,10 +205,14 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
             throw;
         }
     }
+    if (prof)
+        profile_ = ProfileMark{info, seq, t0, s.check ? profile_now() - t0 : -1,
+                               profile_generation.load(std::memory_order_relaxed)};
 }
 
 CollectiveScope::~CollectiveScope() {
     if (armed_) watchdog_disarm();
+    if (profile_) profile_collective(*profile_);
 }
 
 void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type, TypeClass cls,
@@ -225,6 +232,7 @@ void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype typ
             fail(call, "send and recv buffers overlap; use the in-place overload");
     }
     CollectiveScope scope({Kind::allreduce, call, count, type, op_id(op), -1, comm});
+    if (shm_allreduce(send, recv, count, type, bytes, op, comm, call)) return;
     std::size_t done = 0;
     do {
         const std::size_t n = std::min(count - done, max_chunk);
@@ -244,6 +252,7 @@ void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Co
     int tsize = 0;
     check_mpi(MPI_Type_size(type, &tsize), call);
     CollectiveScope scope({Kind::broadcast, call, count, type, -1, root, comm});
+    if (shm_broadcast(buf, count, type, tsize, root, comm, call)) return;
     std::size_t done = 0;
     do {
         const std::size_t n = std::min(count - done, max_chunk);

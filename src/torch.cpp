@@ -10,6 +10,7 @@
 
 #include <mpiml/collectives.hpp>
 #include <mpiml/error.hpp>
+#include <mpiml/shm.hpp>
 
 #include <ATen/Parallel.h>
 #include <torch/types.h>
@@ -27,6 +28,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_set>
 #include <vector>
 
@@ -530,7 +532,6 @@ struct GradState {
     std::vector<std::size_t> direct;    // bucket indices of the direct buckets
     std::vector<char> direct_any;       // per direct bucket: some rank had a gradient
     std::unordered_set<const void*> seen;
-    std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> storages;  // bucket storages made here
 };
 
 GradState& grad_state() {
@@ -599,55 +600,6 @@ void unpack_grad(const GradEntry& e, void* src, int ranks) {
         g = v.to(g.options().layout(at::kStrided), /*non_blocking=*/false, /*copy=*/true);
 }
 
-/// The gradient can be a view of its bucket (its dtype travels as is).
-bool viewable(const GradEntry& e) { return e.param.scalar_type() == e.wire.scalar; }
-
-void remember_storage(GradState& st, const c10::Storage& s) {
-    std::erase_if(st.storages, [](const auto& w) { return w.expired(); });
-    st.storages.push_back(s.getWeakStorageImpl());
-}
-
-/// A contiguous tensor of dtype s and the given sizes over storage from
-/// element off on. Not an autograd view (set_), so optimizers may detach_() it.
-at::Tensor alias(const c10::Storage& storage, at::ScalarType s, std::size_t off,
-                 at::IntArrayRef sizes) {
-    return at::empty({0}, at::TensorOptions().dtype(s))
-        .set_(storage, static_cast<std::int64_t>(off), sizes);
-}
-
-/// e's gradient is defined and lives in storage (at the offset checked by
-/// find_bucket_storage).
-bool in_storage(const GradEntry& e, const c10::Storage& storage) {
-    const at::Tensor& g = e.param.grad();
-    return g.defined() && g.has_storage() && g.storage().is_alias_of(storage);
-}
-
-/// The bucket storage that b's defined gradients already live in, at their
-/// planned offsets (a storage made here, large enough for payload and flags);
-/// an empty Storage when they do not.
-c10::Storage find_bucket_storage(const GradState& st, const Bucket& b) {
-    c10::Storage storage;
-    std::size_t off = 0;
-    for (std::size_t k = 0; k < b.entries; ++k) {
-        const GradEntry& e = st.entries[st.order[b.first + k]];
-        const at::Tensor& g = e.param.grad();
-        if (viewable(e) && g.defined()) {  // undefined ones are packed as zeros
-            if (!plain(g, e.wire.scalar) || !g.has_storage() ||
-                g.storage_offset() != static_cast<std::int64_t>(off) ||
-                g.numel() != static_cast<std::int64_t>(e.numel))
-                return {};
-            if (!storage) storage = g.storage();
-            else if (!g.storage().is_alias_of(storage)) return {};
-        }
-        off += e.numel;
-    }
-    if (!storage || storage.nbytes() < (b.payload + b.flags) * b.wire.size) return {};
-    for (const auto& w : st.storages)
-        if (w._unsafe_get_target() == storage.unsafeGetStorageImpl() && !w.expired())
-            return storage;
-    return {};
-}
-
 /// Fixed plan, the same on every rank (it depends only on dtypes, sizes and
 /// options): wires in order of first appearance, parameter order within; a
 /// gradient larger than the cap whose dtype travels as is gets a direct
@@ -706,12 +658,184 @@ std::size_t plan_buckets(GradState& st, const AvgGradsOptions& opts) {
     return largest;
 }
 
+// ------------------------------------------- gradient as bucket view
+
+/// A gradient kept as a view into a shared bucket.
+struct ViewEntry {
+    std::size_t param;   // index into the eligible parameter list
+    std::size_t offset;  // elements from the bucket start (64-byte aligned)
+};
+
+struct ViewBucket {
+    Wire wire;
+    std::vector<ViewEntry> entries;
+    std::size_t payload = 0;  // elements, padding included, flags excluded
+    std::unique_ptr<SharedBucket> mem;
+};
+
+using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+struct ViewState {
+    MPI_Comm comm = MPI_COMM_NULL;
+    std::size_t cap = 0;
+    std::vector<std::tuple<const void*, std::int64_t, int>> signature;
+    std::vector<ViewBucket> buckets;
+    std::vector<WeakImpl> params;  // the planned parameters, not kept alive
+};
+
+ViewState& view_state() {
+    static ViewState state;
+    return state;
+}
+
+/// float32/float64/complex contiguous CPU parameters: their gradients can be
+/// plain views of a bucket in their own dtype.
+bool view_eligible(const at::Tensor& p) {
+    const auto s = p.scalar_type();
+    return p.layout() == at::kStrided && p.is_cpu() && p.is_contiguous() &&
+           (s == at::kFloat || s == at::kDouble || s == at::kComplexFloat ||
+            s == at::kComplexDouble);
+}
+
+/// Collective: every rank plans the same buckets from the same parameter list.
+void plan_views(ViewState& st, const std::vector<at::Tensor>& params, std::size_t cap,
+                MPI_Comm comm) {
+    // Gradients still viewing the old buckets get their own memory back.
+    for (const WeakImpl& w : st.params) {
+        auto impl = w.lock();
+        if (!impl) continue;
+        const at::Tensor p(std::move(impl));
+        const at::Tensor& g = p.grad();
+        if (!g.defined()) continue;
+        const auto* d = static_cast<const std::byte*>(g.data_ptr());
+        for (const auto& b : st.buckets) {
+            const auto* lo = static_cast<const std::byte*>(b.mem->data());
+            if (d >= lo && d < lo + b.mem->size_bytes()) {
+                p.mutable_grad() = g.clone();
+                break;
+            }
+        }
+    }
+    st.buckets.clear();  // collective: every rank re-plans at the same call
+    st.params.clear();
+    for (const auto& p : params) st.params.emplace_back(p.getIntrusivePtr());
+    st.comm = comm;
+    st.cap = cap;
+    std::vector<Wire> wires;
+    for (const auto& p : params) {
+        const Wire w = *sum_wire(p.scalar_type());
+        if (std::none_of(wires.begin(), wires.end(), [&](const Wire& x) { return x.mpi == w.mpi; }))
+            wires.push_back(w);
+    }
+    for (const Wire& w : wires) {
+        const std::size_t align = 64 / w.size;  // elements per cache line
+        for (std::size_t i = 0; i < params.size(); ++i) {
+            if (sum_wire(params[i].scalar_type())->mpi != w.mpi) continue;
+            const auto n = static_cast<std::size_t>(params[i].numel());
+            ViewBucket* b = st.buckets.empty() ? nullptr : &st.buckets.back();
+            const std::size_t start = b ? (b->payload + align - 1) / align * align : 0;
+            if (!b || b->wire.mpi != w.mpi || (b->payload > 0 && (start + n) * w.size > cap)) {
+                st.buckets.push_back({w, {}, 0, nullptr});
+                b = &st.buckets.back();
+            }
+            const std::size_t off = (b->payload + align - 1) / align * align;
+            b->entries.push_back({i, off});
+            b->payload = off + n;
+        }
+    }
+    for (auto& b : st.buckets) {
+        b.mem = std::make_unique<SharedBucket>((b.payload + b.entries.size()) * b.wire.size,
+                                               Comm(comm));
+        std::memset(b.mem->data(), 0, b.mem->size_bytes());
+    }
+}
+
+void avg_grads_as_views(const std::vector<at::Tensor>& params, const AvgGradsOptions& opts,
+                        MPI_Comm comm, int size, const char* call) {
+    ViewState& st = view_state();
+    std::vector<std::tuple<const void*, std::int64_t, int>> sig;
+    sig.reserve(params.size());
+    for (const auto& p : params)
+        sig.emplace_back(p.unsafeGetTensorImpl(), p.numel(), static_cast<int>(p.scalar_type()));
+    // Whether to re-plan must be decided alike on every rank.
+    int changed = sig != st.signature || comm != st.comm || opts.bucket_cap_bytes != st.cap;
+    detail::allreduce(MPI_IN_PLACE, &changed, 1, MPI_INT, TypeClass::integer, Op::max, comm, call);
+    if (changed) {
+        plan_views(st, params, opts.bucket_cap_bytes, comm);
+        st.signature = std::move(sig);
+    }
+
+    torch::NoGradGuard no_grad;
+    std::string deferred;  // a local failure, thrown after the collectives
+    for (ViewBucket& b : st.buckets) {
+        const std::size_t es = b.wire.size;
+        auto* base = static_cast<std::byte*>(b.mem->data());
+        std::byte* flags = base + b.payload * es;
+        std::vector<char> is_view(b.entries.size(), 0);
+        for (std::size_t k = 0; k < b.entries.size(); ++k) {
+            const at::Tensor& p = params[b.entries[k].param];
+            std::byte* dst = base + b.entries[k].offset * es;
+            const at::Tensor& g = p.grad();
+            const auto n = static_cast<std::size_t>(p.numel());
+            bool defined = g.defined();
+            if (defined && g.data_ptr() == dst && plain(g, p.scalar_type()) &&
+                g.sizes() == p.sizes()) {
+                is_view[k] = 1;  // already in place: nothing to pack
+            } else if (defined) {
+                try {
+                    if (g.numel() != p.numel())
+                        throw std::invalid_argument(
+                            "a gradient has " + std::to_string(g.numel()) +
+                            " elements but its parameter has " + std::to_string(p.numel()));
+                    const at::Tensor src = g.layout() == at::kStrided ? g : g.to_dense();
+                    wire_view(dst, p.sizes(), p.scalar_type()).copy_(src.view(p.sizes()));
+                } catch (const std::exception& ex) {
+                    if (deferred.empty()) deferred = ex.what();
+                    std::memset(dst, 0, n * es);
+                    defined = false;
+                }
+            } else {
+                std::memset(dst, 0, n * es);
+            }
+            set_flag(b.wire, flags + k * es, defined);
+        }
+        // Averages the gradients and the flags (non-zero: some rank had one).
+        b.mem->average(b.payload + b.entries.size(), b.wire.mpi);
+        for (std::size_t k = 0; k < b.entries.size(); ++k) {
+            const at::Tensor& p = params[b.entries[k].param];
+            if (is_view[k]) {
+                bump_version(p.grad());
+            } else if (flag_value(b.wire, flags + k * es) != 0.0) {
+                p.mutable_grad() =
+                    at::from_blob(base + b.entries[k].offset * es, p.sizes(), p.options());
+            }
+        }
+    }
+    (void)size;
+    if (!deferred.empty()) detail::fail(call, deferred);
+}
+
 void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opts,
                MPI_Comm comm, const std::vector<std::string>* check_descs) {
     constexpr const char* call = "mpiml::mpi_avg_grads";
     if (check_descs) verify_same(*check_descs, -1, comm, call);
     const int size = num_procs(comm);
     if (size == 1) return;
+
+    if (opts.gradient_as_bucket_view) {
+        std::vector<at::Tensor> views, rest;
+        std::unordered_set<const void*> seen;
+        for (const at::Tensor& p : params) {
+            if (!p.defined() || !p.requires_grad() || !has_gradients(p.scalar_type())) continue;
+            if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+            (view_eligible(p) ? views : rest).push_back(p);
+        }
+        avg_grads_as_views(views, opts, comm, size, call);
+        if (rest.empty()) return;
+        AvgGradsOptions packed = opts;
+        packed.gradient_as_bucket_view = false;
+        return avg_grads(rest, packed, comm, nullptr);
+    }
 
     GradState& st = grad_state();
     st.entries.clear();
@@ -775,31 +899,16 @@ void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opt
             continue;
         }
 
-        // With bucket views, a gradient of the wire dtype lives in the bucket's
-        // storage after its first average: nothing to pack or unpack then.
         std::byte* base = buf;
-        c10::Storage storage;  // the bucket's storage, with bucket views
-        if (opts.bucket_views) {
-            storage = find_bucket_storage(st, b);
-            if (!storage) {  // first call, or the gradients were replaced
-                storage = at::empty({static_cast<std::int64_t>(b.payload + b.flags)},
-                                    at::TensorOptions().dtype(b.wire.scalar))
-                              .storage();
-                remember_storage(st, storage);
-            }
-            base = static_cast<std::byte*>(storage.data());
-        }
         std::byte* flags = base + b.payload * es;
         std::size_t off = 0;
         for (std::size_t k = 0; k < b.entries; ++k) {
             const GradEntry& e = st.entries[st.order[b.first + k]];
-            if (!(opts.bucket_views && viewable(e) && in_storage(e, storage))) {
-                try {
-                    pack_grad(e, base + off * es);
-                } catch (const std::exception& ex) {
-                    defer(ex);
-                    std::memset(base + off * es, 0, e.numel * es);
-                }
+            try {
+                pack_grad(e, base + off * es);
+            } catch (const std::exception& ex) {
+                defer(ex);
+                std::memset(base + off * es, 0, e.numel * es);
             }
             set_flag(b.wire, flags + k * es, e.defined_here);
             off += e.numel;
@@ -816,16 +925,7 @@ void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opt
             // Undefined on every rank: stays undefined, as in one process.
             if (flag_value(b.wire, flags + k * es) != 0.0) {
                 try {
-                    if (opts.bucket_views && viewable(e)) {
-                        average_in_place(b.wire.scalar, base + off * es, e.numel, size);
-                        at::Tensor& g = e.param.mutable_grad();
-                        if (in_storage(e, storage))
-                            bump_version(g);
-                        else
-                            g = alias(storage, b.wire.scalar, off, e.param.sizes());
-                    } else {
-                        unpack_grad(e, base + off * es, size);
-                    }
+                    unpack_grad(e, base + off * es, size);
                 } catch (const std::exception& ex) {
                     defer(ex);
                 }

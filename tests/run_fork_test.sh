@@ -47,7 +47,7 @@ check_case single 1 0 "${args[@]}"
 # Errors: clear messages, no crash.
 out=$(MPIML_MPIRUN=/nonexistent/mpirun timeout 30 "$prog" 2 "$tmp/x" 0 2>&1); rc=$?
 [ $rc -eq 3 ] && grep -q "MPIML_MPIRUN" <<<"$out" || fail "bad MPIML_MPIRUN: rc=$rc out=$out"
-out=$(PATH=/nonexistent /usr/bin/timeout 30 "$prog" 2 "$tmp/x" 0 2>&1); rc=$?
+out=$(/usr/bin/env -u MPIML_MPIRUN PATH=/nonexistent /usr/bin/timeout 30 "$prog" 2 "$tmp/x" 0 2>&1); rc=$?
 [ $rc -eq 3 ] && grep -q "no MPI launcher found" <<<"$out" || fail "no launcher: rc=$rc out=$out"
 out=$(timeout 30 "$prog" -1 "$tmp/x" 0 2>&1); rc=$?
 [ $rc -eq 3 ] && grep -q "n must be" <<<"$out" || fail "n=-1: rc=$rc out=$out"

@@ -107,8 +107,8 @@ TEST(TorchTraining, EqualsOneProcessFloat32) { train_and_compare(torch::kFloat32
 TEST(TorchTraining, EqualsOneProcessDirectBuckets) {
     train_and_compare(torch::kFloat32, 1e-5, {0});  // every gradient direct
 }
-TEST(TorchTraining, EqualsOneProcessWithoutBucketViews) {
-    train_and_compare(torch::kFloat64, 1e-10, {25u << 20, false});
+TEST(TorchTraining, EqualsOneProcessWithBucketViews) {
+    train_and_compare(torch::kFloat64, 1e-10, {25u << 20, true});
 }
 
 // ------------------------------------------------------------ sync_params
@@ -211,14 +211,15 @@ TEST(TorchAvgGrads, ZeroDimParameter) {
 }
 
 /// Bucket plans worth covering: defaults (all fused), cap 0 (every gradient
-/// direct, reduced in place), caps that mix direct and fused buckets, with and
-/// without bucket views.
+/// direct, reduced in place), caps that mix direct and fused buckets, and
+/// gradients as views of shared buckets.
 std::vector<mpiml::AvgGradsOptions> plans() {
-    return {{}, {0}, {8}, {20}, {40}, {25u << 20, false}, {8, false}};
+    return {{}, {0}, {8}, {20}, {40}, {25u << 20, true}};
 }
 
 std::string plan_name(const mpiml::AvgGradsOptions& o) {
-    return "cap " + std::to_string(o.bucket_cap_bytes) + (o.bucket_views ? " views" : "");
+    return "cap " + std::to_string(o.bucket_cap_bytes) +
+           (o.gradient_as_bucket_view ? " views" : "");
 }
 
 TEST(TorchAvgGrads, UndefinedOnOneRankCountsAsZero) {
@@ -264,7 +265,7 @@ TEST(TorchAvgGrads, NonContiguousGradientKeepsItsLayout) {
     const void* data = p.grad().data_ptr();
     const void* qdata = q.grad().data_ptr();
     mpiml::mpi_avg_grads(std::vector<torch::Tensor>{p, q}, plan);
-    if (!plan.bucket_views || size() == 1) {  // in place, layout kept
+    if (!plan.gradient_as_bucket_view || size() == 1) {  // in place, layout kept
         EXPECT_EQ(p.grad().data_ptr(), data);
         EXPECT_EQ(q.grad().data_ptr(), qdata);
         EXPECT_FALSE(p.grad().is_contiguous());
@@ -288,10 +289,12 @@ TEST(TorchAvgGrads, BucketCapSmallerThanTensors) {
     }
 }
 
-TEST(TorchAvgGrads, BucketViewsAreZeroCopyAcrossSteps) {
+TEST(TorchAvgGrads, GradientViewsSurviveEveryZeroGrad) {
     if (size() == 1) GTEST_SKIP() << "one rank: no-op";
     Net net = make_net(7, torch::kFloat32);
     torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-3));
+    mpiml::AvgGradsOptions views;
+    views.gradient_as_bucket_view = true;
     const auto x = torch::full({4, 5}, rank() + 1.0);
     auto step = [&](int zero_mode) {
         if (zero_mode == 0) opt.zero_grad();          // in place
@@ -303,7 +306,7 @@ TEST(TorchAvgGrads, BucketViewsAreZeroCopyAcrossSteps) {
         for (const auto& p : net->parameters()) own.push_back(p.grad().clone());
         std::vector<torch::Tensor> want;
         for (const auto& g : own) want.push_back(mpiml::mpi_avg(g));
-        mpiml::mpi_avg_grads(net);
+        mpiml::mpi_avg_grads(net, views);
         const auto params = net->parameters();
         for (std::size_t i = 0; i < params.size(); ++i)
             EXPECT_TRUE(params[i].grad().allclose(want[i], 1e-6, 1e-6)) << "param " << i;

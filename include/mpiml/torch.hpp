@@ -52,13 +52,15 @@ struct AvgGradsOptions {
     /// That larger tensor is reduced in its own memory when it is contiguous
     /// and its dtype travels as is (float32, float64, complex): no copy.
     std::size_t bucket_cap_bytes = 25u << 20;
-    /// Leave each gradient of a float32/float64/complex parameter, after its
-    /// first average, as a view into its bucket (like DDP's
-    /// gradient_as_bucket_view): backward() then accumulates into the bucket,
-    /// and later calls neither pack nor unpack it. The first call replaces
-    /// p.grad() (values as if averaged in place), so do not hold gradient
-    /// tensors across calls. false: gradients are always updated in place.
-    bool bucket_views = true;
+    /// Gradients live in node-shared buckets (as PyTorch DDP's
+    /// gradient_as_bucket_view): the first call moves each float32, float64
+    /// or complex gradient of a contiguous CPU parameter into a shared bucket
+    /// and makes .grad a view of it; later calls average the views in place,
+    /// with no packing (see mpiml::SharedBucket). A gradient that is no longer
+    /// a view (set_to_none, replaced) is copied straight into the bucket and
+    /// becomes a view again. Other parameters take the packed path. Buckets
+    /// are rebuilt (collectively) when the parameter list changes.
+    bool gradient_as_bucket_view = false;
 };
 
 /// Averages every parameter's gradient across ranks, in place, with one

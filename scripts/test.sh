@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds mpiml and passes all its tests:
+# unit and multi-rank tests, the fault-injection suite, an installed-package
+# consumer, and the unit tests again under AddressSanitizer + UBSan.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+passed=0 failed=0
+stage() { printf '\n==== %s\n' "$*"; }
+count() {  # add a ctest log's totals
+  local line
+  line=$(grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" "$1" | tail -1)
+  if [ -z "$line" ]; then failed=$((failed + 1)); return; fi
+  local total fail
+  total=$(sed -E 's/.*out of ([0-9]+).*/\1/' <<<"$line")
+  fail=$(sed -E 's/.* ([0-9]+) tests failed.*/\1/' <<<"$line")
+  passed=$((passed + total - fail)); failed=$((failed + fail))
+}
+run_ctest() {  # log-name ctest-args...
+  local log=$root/build/ctest-$1.log; shift
+  ctest --test-dir "$root/build" --output-on-failure "$@" 2>&1 | tee "$log" | grep -vE "^\s*(Start|[0-9]+/[0-9]+ Test)" | tail -40
+  count "$log"
+}
+
+stage "dependencies"
+"$root/scripts/install-deps.sh" || exit 1
+
+stage "build"
+"$root/scripts/build.sh" || exit 1
+
+stage "unit and multi-rank tests"
+run_ctest main -LE "fault|learning" -j2 --timeout 600
+stage "fault-injection suite (one job at a time: each has a deadline)"
+run_ctest fault -L fault -j1
+
+stage "installed package consumer"
+prefix=$(mktemp -d)
+if cmake --install "$root/build" --prefix "$prefix" > "$root/build/install.log" 2>&1 &&
+   cmake -S tests/consumer -B "$root/build/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
+     -DREQUIRE_TORCH_TARGET="$(grep -q 'building mpiml::torch' "$root/build-configure.log" && echo ON || echo OFF)" \
+     > "$root/build/consumer.log" 2>&1 &&
+   cmake --build "$root/build/consumer" >> "$root/build/consumer.log" 2>&1 &&
+   timeout 60 mpirun -np 2 "$root/build/consumer/consumer" | tee -a "$root/build/consumer.log" | grep -q "consumer: ok"; then
+  echo "consumer: built against $prefix and ran on 2 ranks: ok"; passed=$((passed + 1))
+else
+  echo "consumer: FAILED"; cat "$root/build/install.log" "$root/build/consumer.log" | tail -30; failed=$((failed + 1))
+fi
+rm -rf "$prefix"
+
+stage "core, mpi_fork and fault tests against MPICH"
+mpich=$root/build-mpich
+if cmake -S "$root" -B "$mpich" -DMPIML_WITH_TORCH=OFF -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF \
+     -DMPI_CXX_COMPILER=mpicxx.mpich -DMPIEXEC_EXECUTABLE=/usr/bin/mpiexec.mpich > "$mpich-configure.log" 2>&1 &&
+   cmake --build "$mpich" -j"$(nproc)" > "$mpich-build.log" 2>&1; then
+  log=$mpich/ctest.log
+  ctest --test-dir "$mpich" --output-on-failure -j2 2>&1 | tee "$log" | grep -vE "^\s*(Start|[0-9]+/[0-9]+ Test)" | tail -8
+  count "$log"
+else
+  echo "MPICH build FAILED"; tail -30 "$mpich-configure.log" "$mpich-build.log"; failed=$((failed + 1))
+fi
+
+stage "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+asan=$root/build-asan
+if cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DMPIML_SANITIZE=ON -DMPIML_WITH_TORCH=OFF \
+     -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF > "$asan-configure.log" 2>&1 &&
+   cmake --build "$asan" -j"$(nproc)" --target test_core test_stats test_errors test_profile profile_env_child > "$asan-build.log" 2>&1; then
+  # Full stacks (the MPI libraries have no frame pointers) and loaded MCA
+  # components, so that the suppressions can tell the MPI runtime's
+  # allocations from mpiml's.
+  export OMPI_MCA_mca_base_component_disable_dlclose=1
+  export ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:abort_on_error=1
+  export LSAN_OPTIONS=suppressions=$root/tests/lsan.supp:print_suppressions=0:fast_unwind_on_malloc=0
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  log=$asan/ctest.log
+  ctest --test-dir "$asan" --output-on-failure -R "^test_(core|stats|errors|profile)" -j2 2>&1 | tee "$log" | tail -8
+  count "$log"
+else
+  echo "sanitizer build FAILED"; tail -30 "$asan-configure.log" "$asan-build.log"; failed=$((failed + 1))
+fi
+
+if [ "${MPIML_LEARNING_CHECK:-1}" = 1 ] && [ -x "$root/scripts/check_learning.sh" ]; then
+  stage "PPO learning check"
+  if "$root/scripts/check_learning.sh"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+fi
+
+echo
+echo "mpiml: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
