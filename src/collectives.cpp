@@ -1,5 +1,6 @@
 // The type-erased collective core: every mpiml collective goes through here.
 #include "internal.hpp"
+#include "shm.hpp"
 
 #include <mpiml/collectives.hpp>
 
@@ -231,6 +232,7 @@ void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype typ
             fail(call, "send and recv buffers overlap; use the in-place overload");
     }
     CollectiveScope scope({Kind::allreduce, call, count, type, op_id(op), -1, comm});
+    if (shm_allreduce(send, recv, count, type, bytes, op, comm, call)) return;
     std::size_t done = 0;
     do {
         const std::size_t n = std::min(count - done, max_chunk);
@@ -250,6 +252,7 @@ void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Co
     int tsize = 0;
     check_mpi(MPI_Type_size(type, &tsize), call);
     CollectiveScope scope({Kind::broadcast, call, count, type, -1, root, comm});
+    if (shm_broadcast(buf, count, type, tsize, root, comm, call)) return;
     std::size_t done = 0;
     do {
         const std::size_t n = std::min(count - done, max_chunk);

@@ -10,6 +10,7 @@
 
 #include <mpiml/collectives.hpp>
 #include <mpiml/error.hpp>
+#include <mpiml/shm.hpp>
 
 #include <ATen/Parallel.h>
 #include <torch/types.h>
@@ -27,6 +28,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_set>
 #include <vector>
 
@@ -557,12 +559,184 @@ void unpack_grad(const GradEntry& e, void* src, int ranks) {
         g = v.to(g.options().layout(at::kStrided), /*non_blocking=*/false, /*copy=*/true);
 }
 
+// ------------------------------------------- gradient as bucket view
+
+/// A gradient kept as a view into a shared bucket.
+struct ViewEntry {
+    std::size_t param;   // index into the eligible parameter list
+    std::size_t offset;  // elements from the bucket start (64-byte aligned)
+};
+
+struct ViewBucket {
+    Wire wire;
+    std::vector<ViewEntry> entries;
+    std::size_t payload = 0;  // elements, padding included, flags excluded
+    std::unique_ptr<SharedBucket> mem;
+};
+
+using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+struct ViewState {
+    MPI_Comm comm = MPI_COMM_NULL;
+    std::size_t cap = 0;
+    std::vector<std::tuple<const void*, std::int64_t, int>> signature;
+    std::vector<ViewBucket> buckets;
+    std::vector<WeakImpl> params;  // the planned parameters, not kept alive
+};
+
+ViewState& view_state() {
+    static ViewState state;
+    return state;
+}
+
+/// float32/float64/complex contiguous CPU parameters: their gradients can be
+/// plain views of a bucket in their own dtype.
+bool view_eligible(const at::Tensor& p) {
+    const auto s = p.scalar_type();
+    return p.layout() == at::kStrided && p.is_cpu() && p.is_contiguous() &&
+           (s == at::kFloat || s == at::kDouble || s == at::kComplexFloat ||
+            s == at::kComplexDouble);
+}
+
+/// Collective: every rank plans the same buckets from the same parameter list.
+void plan_views(ViewState& st, const std::vector<at::Tensor>& params, std::size_t cap,
+                MPI_Comm comm) {
+    // Gradients still viewing the old buckets get their own memory back.
+    for (const WeakImpl& w : st.params) {
+        auto impl = w.lock();
+        if (!impl) continue;
+        const at::Tensor p(std::move(impl));
+        const at::Tensor& g = p.grad();
+        if (!g.defined()) continue;
+        const auto* d = static_cast<const std::byte*>(g.data_ptr());
+        for (const auto& b : st.buckets) {
+            const auto* lo = static_cast<const std::byte*>(b.mem->data());
+            if (d >= lo && d < lo + b.mem->size_bytes()) {
+                p.mutable_grad() = g.clone();
+                break;
+            }
+        }
+    }
+    st.buckets.clear();  // collective: every rank re-plans at the same call
+    st.params.clear();
+    for (const auto& p : params) st.params.emplace_back(p.getIntrusivePtr());
+    st.comm = comm;
+    st.cap = cap;
+    std::vector<Wire> wires;
+    for (const auto& p : params) {
+        const Wire w = *sum_wire(p.scalar_type());
+        if (std::none_of(wires.begin(), wires.end(), [&](const Wire& x) { return x.mpi == w.mpi; }))
+            wires.push_back(w);
+    }
+    for (const Wire& w : wires) {
+        const std::size_t align = 64 / w.size;  // elements per cache line
+        for (std::size_t i = 0; i < params.size(); ++i) {
+            if (sum_wire(params[i].scalar_type())->mpi != w.mpi) continue;
+            const auto n = static_cast<std::size_t>(params[i].numel());
+            ViewBucket* b = st.buckets.empty() ? nullptr : &st.buckets.back();
+            const std::size_t start = b ? (b->payload + align - 1) / align * align : 0;
+            if (!b || b->wire.mpi != w.mpi || (b->payload > 0 && (start + n) * w.size > cap)) {
+                st.buckets.push_back({w, {}, 0, nullptr});
+                b = &st.buckets.back();
+            }
+            const std::size_t off = (b->payload + align - 1) / align * align;
+            b->entries.push_back({i, off});
+            b->payload = off + n;
+        }
+    }
+    for (auto& b : st.buckets) {
+        b.mem = std::make_unique<SharedBucket>((b.payload + b.entries.size()) * b.wire.size,
+                                               Comm(comm));
+        std::memset(b.mem->data(), 0, b.mem->size_bytes());
+    }
+}
+
+void avg_grads_as_views(const std::vector<at::Tensor>& params, const AvgGradsOptions& opts,
+                        MPI_Comm comm, int size, const char* call) {
+    ViewState& st = view_state();
+    std::vector<std::tuple<const void*, std::int64_t, int>> sig;
+    sig.reserve(params.size());
+    for (const auto& p : params)
+        sig.emplace_back(p.unsafeGetTensorImpl(), p.numel(), static_cast<int>(p.scalar_type()));
+    // Whether to re-plan must be decided alike on every rank.
+    int changed = sig != st.signature || comm != st.comm || opts.bucket_cap_bytes != st.cap;
+    detail::allreduce(MPI_IN_PLACE, &changed, 1, MPI_INT, TypeClass::integer, Op::max, comm, call);
+    if (changed) {
+        plan_views(st, params, opts.bucket_cap_bytes, comm);
+        st.signature = std::move(sig);
+    }
+
+    torch::NoGradGuard no_grad;
+    std::string deferred;  // a local failure, thrown after the collectives
+    for (ViewBucket& b : st.buckets) {
+        const std::size_t es = b.wire.size;
+        auto* base = static_cast<std::byte*>(b.mem->data());
+        std::byte* flags = base + b.payload * es;
+        std::vector<char> is_view(b.entries.size(), 0);
+        for (std::size_t k = 0; k < b.entries.size(); ++k) {
+            const at::Tensor& p = params[b.entries[k].param];
+            std::byte* dst = base + b.entries[k].offset * es;
+            const at::Tensor& g = p.grad();
+            const auto n = static_cast<std::size_t>(p.numel());
+            bool defined = g.defined();
+            if (defined && g.data_ptr() == dst && plain(g, p.scalar_type()) &&
+                g.sizes() == p.sizes()) {
+                is_view[k] = 1;  // already in place: nothing to pack
+            } else if (defined) {
+                try {
+                    if (g.numel() != p.numel())
+                        throw std::invalid_argument(
+                            "a gradient has " + std::to_string(g.numel()) +
+                            " elements but its parameter has " + std::to_string(p.numel()));
+                    const at::Tensor src = g.layout() == at::kStrided ? g : g.to_dense();
+                    wire_view(dst, p.sizes(), p.scalar_type()).copy_(src.view(p.sizes()));
+                } catch (const std::exception& ex) {
+                    if (deferred.empty()) deferred = ex.what();
+                    std::memset(dst, 0, n * es);
+                    defined = false;
+                }
+            } else {
+                std::memset(dst, 0, n * es);
+            }
+            set_flag(b.wire, flags + k * es, defined);
+        }
+        // Averages the gradients and the flags (non-zero: some rank had one).
+        b.mem->average(b.payload + b.entries.size(), b.wire.mpi);
+        for (std::size_t k = 0; k < b.entries.size(); ++k) {
+            const at::Tensor& p = params[b.entries[k].param];
+            if (is_view[k]) {
+                bump_version(p.grad());
+            } else if (flag_value(b.wire, flags + k * es) != 0.0) {
+                p.mutable_grad() =
+                    at::from_blob(base + b.entries[k].offset * es, p.sizes(), p.options());
+            }
+        }
+    }
+    (void)size;
+    if (!deferred.empty()) detail::fail(call, deferred);
+}
+
 void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opts,
                MPI_Comm comm, const std::vector<std::string>* check_descs) {
     constexpr const char* call = "mpiml::mpi_avg_grads";
     if (check_descs) verify_same(*check_descs, -1, comm, call);
     const int size = num_procs(comm);
     if (size == 1) return;
+
+    if (opts.gradient_as_bucket_view) {
+        std::vector<at::Tensor> views, rest;
+        std::unordered_set<const void*> seen;
+        for (const at::Tensor& p : params) {
+            if (!p.defined() || !has_gradients(p.scalar_type())) continue;
+            if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+            (view_eligible(p) ? views : rest).push_back(p);
+        }
+        avg_grads_as_views(views, opts, comm, size, call);
+        if (rest.empty()) return;
+        AvgGradsOptions packed = opts;
+        packed.gradient_as_bucket_view = false;
+        return avg_grads(rest, packed, comm, nullptr);
+    }
 
     GradState& st = grad_state();
     st.entries.clear();

@@ -55,7 +55,7 @@ std::string learning_curve_svg(const Progress& progress, const PlotOptions& o) {
     if (!(x0 <= x1)) x0 = 0, x1 = 1, y0 = 0, y1 = 1;  // nothing to draw
     if (x1 == x0) x0 -= 1, x1 += 1;
     if (y1 == y0) y0 -= 1, y1 += 1;
-    const double ys = nice_step(y1 - y0, 5), xs = nice_step(x1 - x0, 6);
+    const double ys = nice_step(y1 - y0, 5), xs = nice_step(x1 - x0, 8);
     y0 = std::floor(y0 / ys) * ys, y1 = std::ceil(y1 / ys) * ys;
     x0 = std::floor(x0 / xs) * xs, x1 = std::ceil(x1 / xs) * xs;
 

@@ -77,8 +77,7 @@ struct ActorImpl : nn::Module {
         }
     }
 
-    /// Log-probability of act under the policy at obs; for a batch, obs is
-    /// [N, obs_dim] and act is [N] (int64, discrete) or [N, act_dim].
+    /// The policy's distribution at obs ([obs_dim], or [N, obs_dim] for a batch).
     struct Dist {
         Tensor logits_or_mu;  ///< log-softmax (discrete) or mean (Gaussian)
         Tensor log_std;
@@ -87,6 +86,7 @@ struct ActorImpl : nn::Module {
         if (discrete) return {torch::log_softmax(net->forward(obs), -1), {}};
         return {net->forward(obs), log_std};
     }
+    /// Log-probability of act: [N] (int64, discrete) or [N, act_dim] for a batch.
     Tensor log_prob(const Dist& d, const Tensor& act) const {
         if (discrete) return d.logits_or_mu.gather(-1, act.unsqueeze(-1)).squeeze(-1);
         const Tensor z = (act - d.logits_or_mu) * torch::exp(-d.log_std);
@@ -245,8 +245,8 @@ const Column table_columns[] = {
     {"StdEpRet", "StdEpRet", 9},     {"MaxEpRet", "MaxEpRet", 9},
     {"MinEpRet", "MinEpRet", 9},     {"EpLen", "EpLen", 7},
     {"AverageVVals", "VVals", 8},    {"TotalEnvInteracts", "TotalEnvInt", 11},
-    {"LossPi", "LossPi", 9},         {"LossV", "LossV", 9},
-    {"Entropy", "Entropy", 7},       {"KL", "KL", 9},
+    {"LossPi", "LossPi", 10},        {"LossV", "LossV", 9},
+    {"Entropy", "Entropy", 7},       {"KL", "KL", 10},
     {"ClipFrac", "ClipFrac", 8},     {"StopIter", "StopIter", 8},
     {"Time", "Time", 7},             {"steps/s", "steps/s", 8},
 };
@@ -402,6 +402,8 @@ int train(Config cfg) {
     double ep_ret = 0;
     int ep_len = 0;
     mpiml::pprint(table_header());
+    double rollout_s = 0, update_s = 0;
+    int64_t total_steps = 0;
     for (int epoch = 0; epoch < cfg.epochs; ++epoch) {
         mpiml::Region epoch_region("epoch");
         const auto epoch_start = clock::now();
@@ -452,7 +454,11 @@ int train(Config cfg) {
         }
         phase.reset();
 
+        const auto update_start = clock::now();
+        rollout_s += std::chrono::duration<double>(update_start - epoch_start).count();
         update();
+        update_s += std::chrono::duration<double>(clock::now() - update_start).count();
+        total_steps += steps_done;
 
         phase.emplace("logging");
         logger.log_tabular_stats("LossPi", false, true);
@@ -474,6 +480,11 @@ int train(Config cfg) {
             break;
         }
     }
+    const double wall = std::chrono::duration<double>(clock::now() - start).count();
+    mpiml::pprint(fmt::format(
+        "{} env steps in {:.1f} s: {:.0f} steps/s; rank 0 spent {:.1f} s collecting "
+        "({:.0f} steps/s over all ranks) and {:.1f} s updating",
+        total_steps, wall, total_steps / wall, rollout_s, total_steps / rollout_s, update_s));
     mpiml::profile_stop();  // collective; does nothing when not profiling
     if (rank == 0 && !cfg.out.empty()) {
         write_plot(logger, cfg);

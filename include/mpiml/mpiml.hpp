@@ -9,4 +9,5 @@
 #include <mpiml/print.hpp>
 #include <mpiml/profile.hpp>
 #include <mpiml/session.hpp>
+#include <mpiml/shm.hpp>
 #include <mpiml/stats.hpp>

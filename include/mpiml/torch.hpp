@@ -50,6 +50,15 @@ struct AvgGradsOptions {
     /// Gradients are packed into buckets of at most this many bytes, one
     /// allreduce per bucket (a larger tensor gets a bucket of its own).
     std::size_t bucket_cap_bytes = 25u << 20;
+    /// Gradients live in node-shared buckets (as PyTorch DDP's
+    /// gradient_as_bucket_view): the first call moves each float32, float64
+    /// or complex gradient of a contiguous CPU parameter into a shared bucket
+    /// and makes .grad a view of it; later calls average the views in place,
+    /// with no packing (see mpiml::SharedBucket). A gradient that is no longer
+    /// a view (set_to_none, replaced) is copied straight into the bucket and
+    /// becomes a view again. Other parameters take the packed path. Buckets
+    /// are rebuilt (collectively) when the parameter list changes.
+    bool gradient_as_bucket_view = false;
 };
 
 /// Averages every parameter's gradient across ranks, in place, with one

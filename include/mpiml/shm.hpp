@@ -1,0 +1,108 @@
+// Intra-node shared-memory collectives (MPI-3 shared windows).
+//
+// mpiml::allreduce and mpiml::broadcast take this path by themselves when it
+// is faster (large buffers, built-in ops); see Mode. SharedBucket lets data
+// live in the shared segment, so that an allreduce skips the copy-in: each
+// rank reduces its slice over all ranks' buckets, then copies the others'
+// reduced slices back, (3 - 1/p) * n bytes of memory traffic per rank.
+//
+// Ranks of a node reduce through shared memory; with several nodes, one leader
+// per node then reduces across nodes over MPI, and the node reads the result.
+// Reductions run in a fixed order (node rank order, then node order), so every
+// rank gets bit-identical results, run after run.
+//
+// Environment (read once, at the first use):
+//   MPIML_SHM=auto|on|off          auto (default): by size; on: always; off: never
+//   MPIML_SHM_THRESHOLD=bytes      auto: allreduce of at least this many bytes (512)
+//   MPIML_SHM_BCAST_THRESHOLD=bytes auto: broadcast of at least this many bytes (1K)
+//                                  (auto: with several nodes, at least 64 KiB too)
+//   MPIML_SHM_CHUNK=bytes          pipeline chunk (per buffer set)
+//   MPIML_NODE_SPLIT=K             test aid: ranks r of a node with the same
+//                                  r / K form one "node" (simulates K-rank nodes)
+#pragma once
+
+#include <mpiml/collectives.hpp>
+#include <mpiml/datatype.hpp>
+#include <mpiml/session.hpp>
+
+#include <cstddef>
+#include <memory>
+#include <span>
+
+namespace mpiml {
+
+namespace shm {
+
+enum class Mode { automatic, on, off };
+
+struct Config {
+    Mode mode = Mode::automatic;
+    std::size_t allreduce_threshold = 0;  ///< bytes; auto mode
+    std::size_t broadcast_threshold = 0;  ///< bytes; auto mode
+    std::size_t chunk = 0;                ///< bytes per pipeline stage
+    int node_split = 0;                   ///< 0: real nodes
+};
+
+/// The settings in force (environment, then set_mode).
+Config config();
+/// Overrides MPIML_SHM at run time. Every rank must make the same change
+/// between the same collectives.
+void set_mode(Mode mode);
+
+}  // namespace shm
+
+namespace detail {
+struct ShmContext;
+}
+
+/// A buffer of `bytes` bytes per rank, in memory shared by the ranks of a node.
+/// Constructing, reducing and destroying it are collective over comm (every
+/// rank, same order, same size). Destroy it before MPI_Finalize or let mpiml's
+/// finalize release it.
+class SharedBucket {
+public:
+    SharedBucket(std::size_t bytes, Comm comm = {});
+    ~SharedBucket();
+    SharedBucket(SharedBucket&& other) noexcept;
+    SharedBucket& operator=(SharedBucket&& other) noexcept;
+    SharedBucket(const SharedBucket&) = delete;
+    SharedBucket& operator=(const SharedBucket&) = delete;
+
+    void* data() const { return data_; }
+    std::size_t size_bytes() const { return bytes_; }
+    MPI_Comm comm() const { return comm_; }
+
+    template <MpiType T>
+    std::span<T> as_span() const {
+        return {static_cast<T*>(data_), bytes_ / sizeof(T)};
+    }
+
+    /// In place: the first count elements become op over all ranks.
+    void allreduce(std::size_t count, MPI_Datatype type, TypeClass cls, const ReduceOp& op);
+    template <MpiType T>
+    void allreduce(std::size_t count, ReduceOp op) {
+        allreduce(count, mpi_datatype<T>(), detail::type_class_of<T>(), op);
+    }
+    /// In place: the first count elements become their sum over all ranks
+    /// divided by the number of ranks (floating or complex types).
+    void average(std::size_t count, MPI_Datatype type);
+    template <MpiType T>
+    void average(std::size_t count) {
+        average(count, mpi_datatype<T>());
+    }
+
+private:
+    void release() noexcept;
+    void reduce(std::size_t count, MPI_Datatype type, TypeClass cls, const ReduceOp& op,
+                bool average, const char* call);
+
+    std::shared_ptr<detail::ShmContext> ctx_;
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    MPI_Win win_ = MPI_WIN_NULL;
+    std::size_t bytes_ = 0;
+    void* data_ = nullptr;
+    std::unique_ptr<void*[]> peers_;  // every node rank's bucket
+    std::size_t id_ = 0;              // registry entry, for finalize
+};
+
+}  // namespace mpiml

@@ -1,0 +1,479 @@
+// Shared-memory allreduce / broadcast / SharedBucket, against MPI itself.
+// Run flat, and with MPIML_NODE_SPLIT (simulated nodes: hierarchical path).
+#include <mpiml/mpiml.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <span>
+
+#include <cmath>
+#include <complex>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+using mpiml::Op;
+namespace shm = mpiml::shm;
+
+// Forces the shared-memory path for the scope of a test.
+struct ForceShm {
+    shm::Mode saved = shm::config().mode;
+    explicit ForceShm(shm::Mode m = shm::Mode::on) { shm::set_mode(m); }
+    ~ForceShm() { shm::set_mode(saved); }
+};
+
+int rank() { return mpiml::proc_id(); }
+int size() { return mpiml::num_procs(); }
+
+std::uint64_t mix(std::uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+double unit(std::uint64_t h) { return static_cast<double>(h >> 11) / 9007199254740992.0; }
+
+template <class T>
+struct is_complex : std::false_type {};
+template <class U>
+struct is_complex<std::complex<U>> : std::true_type {};
+
+// Input of rank r at index i for op.
+template <class T>
+T value(int r, std::size_t i, Op op, std::uint64_t seed = 0) {
+    const std::uint64_t h = mix(seed * 1315423911ULL + static_cast<std::uint64_t>(r) * 1000003ULL + i);
+    if constexpr (std::is_same_v<T, bool>) {
+        return (h & 1) != 0;
+    } else if constexpr (is_complex<T>::value) {
+        using R = typename T::value_type;
+        if (op == Op::prod) return {R(0.5 + unit(h)), R(unit(mix(h)) - 0.5)};
+        return {R(2 * unit(h) - 1), R(2 * unit(mix(h)) - 1)};
+    } else if constexpr (std::is_floating_point_v<T>) {
+        if (op == Op::prod) return T(0.5 + unit(h));
+        return T(2 * unit(h) - 1);
+    } else {
+        switch (op) {
+            case Op::prod: return static_cast<T>(static_cast<int>(h % 7) - 3);
+            case Op::land:
+            case Op::lor:
+            case Op::lxor: return static_cast<T>(h % 3);  // 0, 1 and 2
+            default: return static_cast<T>(h);           // full range: sums wrap
+        }
+    }
+}
+
+template <class T>
+bool close(T got, T want) {
+    if constexpr (is_complex<T>::value) {
+        return close(got.real(), want.real()) && close(got.imag(), want.imag());
+    } else if constexpr (std::is_floating_point_v<T>) {
+        const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-12;
+        return std::abs(static_cast<double>(got) - static_cast<double>(want)) <=
+               tol * (1.0 + std::abs(static_cast<double>(want)));
+    } else {
+        return got == want;
+    }
+}
+
+// Bytes that carry the value (long double has padding).
+template <class T>
+std::size_t value_bytes() {
+    if constexpr (std::is_same_v<T, long double>) return 10;
+    if constexpr (std::is_same_v<T, std::complex<long double>>) return 10;
+    return sizeof(T);
+}
+
+// A plain array (std::vector<bool> has no data()).
+template <class T>
+struct Buf {
+    explicit Buf(std::size_t n_ = 0) : p(new T[n_]()), n(n_) {}
+    Buf(const Buf& o) : Buf(o.n) { std::copy(o.begin(), o.end(), begin()); }
+    T& operator[](std::size_t i) { return p[i]; }
+    T* begin() const { return p.get(); }
+    T* end() const { return p.get() + n; }
+    T* data() const { return p.get(); }
+    std::size_t size() const { return n; }
+    std::unique_ptr<T[]> p;
+    std::size_t n;
+};
+
+template <class V>
+std::uint64_t fingerprint(const V& v) {
+    using T = std::remove_cvref_t<decltype(*v.data())>;
+    std::uint64_t h = 1469598103934665603ULL;
+    for (const T& x : v) {
+        const auto* b = reinterpret_cast<const unsigned char*>(&x);
+        for (std::size_t k = 0; k < value_bytes<T>(); ++k) h = (h ^ b[k]) * 1099511628211ULL;
+    }
+    return h;
+}
+
+// True on every rank when every rank holds the same fingerprint.
+bool same_on_all_ranks(std::uint64_t h) {
+    std::vector<std::uint64_t> all(static_cast<std::size_t>(size()));
+    MPI_Allgather(&h, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+    for (auto x : all)
+        if (x != all[0]) return false;
+    return true;
+}
+
+template <class T>
+constexpr bool op_allowed(Op op) {
+    constexpr bool integer = std::is_integral_v<T> && !std::is_same_v<T, bool>;
+    constexpr bool flt = std::is_floating_point_v<T>;
+    constexpr bool cpx = is_complex<T>::value;
+    switch (op) {
+        case Op::sum:
+        case Op::prod: return integer || flt || cpx;
+        case Op::min:
+        case Op::max: return integer || flt;
+        case Op::land:
+        case Op::lor:
+        case Op::lxor: return integer || std::is_same_v<T, bool>;
+        default: return integer;
+    }
+}
+
+// Small, odd and prime sizes, and sizes around chunk boundaries when chunks
+// are small (the MPIML_SHM_CHUNK=4096 variants) or the type is float.
+template <class T>
+std::vector<std::size_t> sizes_for() {
+    std::vector<std::size_t> v = {0, 1, 2, 3, 7, 13, 31, 97, 1021, 4093};
+    const std::size_t c = shm::config().chunk / sizeof(T);  // elements per chunk
+    if (shm::config().chunk <= 65536 || std::is_same_v<T, float>)
+        for (std::size_t n : {c - 1, c, c + 1, 2 * c + 5}) v.push_back(n);
+    return v;
+}
+
+// The op as the fixed order applies it (integers wrap).
+template <class T>
+T apply(Op op, T a, T b) {
+    if constexpr (std::is_same_v<T, bool>) {
+        switch (op) {
+            case Op::land: return a && b;
+            case Op::lor: return a || b;
+            default: return a != b;
+        }
+    } else if constexpr (is_complex<T>::value) {
+        return op == Op::sum ? a + b : a * b;
+    } else if constexpr (std::is_floating_point_v<T>) {
+        switch (op) {
+            case Op::sum: return a + b;
+            case Op::prod: return a * b;
+            case Op::min: return b < a ? b : a;
+            default: return a < b ? b : a;
+        }
+    } else {
+        using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+        switch (op) {
+            case Op::sum: return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+            case Op::prod: return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+            case Op::min: return b < a ? b : a;
+            case Op::max: return a < b ? b : a;
+            case Op::land: return static_cast<T>(a != 0 && b != 0);
+            case Op::lor: return static_cast<T>(a != 0 || b != 0);
+            case Op::lxor: return static_cast<T>((a != 0) != (b != 0));
+            case Op::band: return static_cast<T>(a & b);
+            case Op::bor: return static_cast<T>(a | b);
+            default: return static_cast<T>(a ^ b);
+        }
+    }
+}
+
+// Ranks that share a node under MPIML_NODE_SPLIT (blocks of K world ranks).
+int node_split() {
+    const char* v = std::getenv("MPIML_NODE_SPLIT");
+    const int k = v ? std::atoi(v) : 0;
+    return k > 0 ? k : size();
+}
+
+// What every rank must get at index i: node by node in rank order, then
+// across nodes in node order, exactly as the fixed order promises.
+template <class T>
+T expected(Op op, std::size_t i, std::uint64_t seed = 0) {
+    const int k = node_split(), p = size();
+    T acc{};
+    for (int first = 0; first < p; first += k) {
+        T node = value<T>(first, i, op, seed);
+        for (int r = first + 1; r < std::min(p, first + k); ++r)
+            node = apply(op, node, value<T>(r, i, op, seed));
+        acc = first == 0 ? node : apply(op, acc, node);
+    }
+    return acc;
+}
+
+template <class T>
+bool same_bits(const T& a, const T& b) {
+    return std::memcmp(&a, &b, value_bytes<T>()) == 0;
+}
+
+bool is_open_mpi() {
+    char v[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(v, &len);
+    return std::string(v, static_cast<std::size_t>(len)).find("Open MPI") != std::string::npos;
+}
+
+// Open MPI 4.1 compares MPI_UNSIGNED_LONG as signed in MPI_MIN / MPI_MAX
+// (min(2^63 + 1, 5) gives 2^63 + 1): there only the fixed-order check applies.
+template <class T>
+bool mpi_trusted(Op op) {
+    if (std::is_same_v<T, unsigned long> && (op == Op::min || op == Op::max)) return !is_open_mpi();
+    return true;
+}
+
+// allreduce through the shared-memory path vs MPI_Allreduce, out of place and
+// in place, every op the type allows.
+template <class T>
+void check_type() {
+    ForceShm on;
+    const Op ops[] = {Op::sum, Op::prod, Op::min,  Op::max, Op::land,
+                      Op::lor, Op::lxor, Op::band, Op::bor, Op::bxor};
+    const MPI_Datatype dt = mpiml::mpi_datatype<T>();
+    for (Op op : ops) {
+        if (!op_allowed<T>(op)) continue;
+        const mpiml::ReduceOp rop(op);
+        for (std::size_t n : sizes_for<T>()) {
+            SCOPED_TRACE(std::string("op ") + mpiml::op_name(op) + ", n " + std::to_string(n));
+            Buf<T> in(n), out(n), ref(n);
+            for (std::size_t i = 0; i < n; ++i) in[i] = value<T>(rank(), i, op);
+            MPI_Allreduce(in.data(), ref.data(), static_cast<int>(n), dt, rop.native(),
+                          MPI_COMM_WORLD);
+            mpiml::allreduce(in, out, op);
+            std::size_t bad = 0, inexact = 0;
+            for (std::size_t i = 0; i < n; ++i) {
+                if (mpi_trusted<T>(op) && !close(out[i], ref[i]) && bad++ == 0)
+                    ADD_FAILURE() << "first difference from MPI_Allreduce at " << i;
+                if (!same_bits(out[i], expected<T>(op, i)) && inexact++ == 0)
+                    ADD_FAILURE() << "first difference from the fixed order at " << i;
+            }
+            EXPECT_EQ(bad, 0u);
+            EXPECT_EQ(inexact, 0u);
+            EXPECT_TRUE(same_on_all_ranks(fingerprint(out))) << "results differ across ranks";
+            Buf<T> again = in;
+            mpiml::allreduce(again, op);  // in place
+            EXPECT_EQ(fingerprint(again), fingerprint(out)) << "in place differs, or not deterministic";
+        }
+    }
+}
+
+TEST(ShmAllreduce, Int8) { check_type<std::int8_t>(); }
+TEST(ShmAllreduce, UInt8) { check_type<unsigned char>(); }
+TEST(ShmAllreduce, Short) { check_type<short>(); }
+TEST(ShmAllreduce, UShort) { check_type<unsigned short>(); }
+TEST(ShmAllreduce, Int) { check_type<int>(); }
+TEST(ShmAllreduce, UInt) { check_type<unsigned>(); }
+TEST(ShmAllreduce, Long) { check_type<long>(); }
+TEST(ShmAllreduce, ULong) { check_type<unsigned long>(); }
+TEST(ShmAllreduce, LongLong) { check_type<long long>(); }
+TEST(ShmAllreduce, ULongLong) { check_type<unsigned long long>(); }
+
+// MPI defines no reduction on MPI_WCHAR: both paths refuse it alike.
+TEST(ShmAllreduce, WCharIsLeftToMpi) {
+    ForceShm on;
+    std::vector<wchar_t> w(100000, L'a');
+    EXPECT_THROW(mpiml::allreduce(w, Op::max), mpiml::Error);
+}
+TEST(ShmAllreduce, Float) { check_type<float>(); }
+TEST(ShmAllreduce, Double) { check_type<double>(); }
+TEST(ShmAllreduce, LongDouble) { check_type<long double>(); }
+TEST(ShmAllreduce, Bool) { check_type<bool>(); }
+TEST(ShmAllreduce, ComplexFloat) { check_type<std::complex<float>>(); }
+TEST(ShmAllreduce, ComplexDouble) { check_type<std::complex<double>>(); }
+
+// The sum every rank must get: node by node in rank order, then across nodes
+// in node order, exactly as the fixed order promises.
+template <class T>
+std::vector<T> expected_sum(std::size_t n, std::uint64_t seed, bool average) {
+    const int k = node_split(), p = size();
+    std::vector<T> total(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        T acc{};
+        for (int first = 0; first < p; first += k) {
+            T node = value<T>(first, i, Op::sum, seed);
+            for (int r = first + 1; r < std::min(p, first + k); ++r)
+                node = node + value<T>(r, i, Op::sum, seed);
+            acc = first == 0 ? node : acc + node;
+        }
+        total[i] = average ? acc / static_cast<T>(p) : acc;
+    }
+    return total;
+}
+
+TEST(ShmAllreduce, FixedOrderIsExact) {
+    ForceShm on;
+    for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{777777}}) {
+        std::vector<float> x(n);
+        for (std::size_t i = 0; i < n; ++i) x[i] = value<float>(rank(), i, Op::sum, 7);
+        mpiml::allreduce(x, Op::sum);
+        EXPECT_TRUE(x == expected_sum<float>(n, 7, false)) << "n " << n;
+        std::vector<double> y(n);
+        for (std::size_t i = 0; i < n; ++i) y[i] = value<double>(rank(), i, Op::sum, 8);
+        mpiml::allreduce(y, Op::sum);
+        EXPECT_TRUE(y == expected_sum<double>(n, 8, false)) << "n " << n;
+    }
+}
+
+TEST(ShmAllreduce, Above64MiB) {
+    ForceShm on;
+    const std::size_t n = (std::size_t{64} << 20) / sizeof(float) + 12347;
+    std::vector<float> x(n), ref(n);
+    for (std::size_t i = 0; i < n; ++i) x[i] = value<float>(rank(), i, Op::sum, 3);
+    MPI_Allreduce(x.data(), ref.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    mpiml::allreduce(x, Op::sum);
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < n; ++i) bad += !close(x[i], ref[i]);
+    EXPECT_EQ(bad, 0u);
+    EXPECT_TRUE(x == expected_sum<float>(n, 3, false));
+    EXPECT_TRUE(same_on_all_ranks(fingerprint(x)));
+}
+
+TEST(ShmAllreduce, AutoAndOffMatchMpi) {
+    for (shm::Mode m : {shm::Mode::automatic, shm::Mode::off}) {
+        ForceShm mode(m);
+        for (std::size_t n : {std::size_t{3}, std::size_t{1} << 20}) {
+            std::vector<long long> x(n), ref(n);
+            for (std::size_t i = 0; i < n; ++i) x[i] = value<long long>(rank(), i, Op::sum);
+            MPI_Allreduce(x.data(), ref.data(), static_cast<int>(n), MPI_LONG_LONG, MPI_SUM,
+                          MPI_COMM_WORLD);
+            mpiml::allreduce(x, Op::sum);
+            EXPECT_TRUE(x == ref);
+        }
+    }
+}
+
+TEST(ShmAllreduce, SubCommunicator) {
+    ForceShm on;
+    MPI_Comm half;
+    MPI_Comm_split(MPI_COMM_WORLD, rank() % 2, rank(), &half);
+    std::vector<int> x(100003, rank() + 1), ref(x.size());
+    MPI_Allreduce(x.data(), ref.data(), static_cast<int>(x.size()), MPI_INT, MPI_SUM, half);
+    mpiml::allreduce(x, Op::sum, half);
+    EXPECT_TRUE(x == ref);
+    MPI_Comm_free(&half);  // frees the communicator's shared context too
+}
+
+TEST(ShmBroadcast, EveryRootAndSize) {
+    ForceShm on;
+    const std::size_t c = shm::config().chunk;
+    for (int root = 0; root < size(); ++root) {
+        for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{13}, c - 1, c, c + 1,
+                              3 * c + 7}) {
+            std::vector<unsigned char> b(n, 0);
+            if (rank() == root)
+                for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>(mix(i));
+            mpiml::broadcast(b, root);
+            std::size_t bad = 0;
+            for (std::size_t i = 0; i < n; ++i) bad += b[i] != static_cast<unsigned char>(mix(i));
+            EXPECT_EQ(bad, 0u) << "root " << root << ", n " << n;
+        }
+        std::vector<double> d(12345, rank() == root ? 2.5 : -1.0);
+        mpiml::broadcast(d, root);
+        EXPECT_TRUE(d == std::vector<double>(12345, 2.5));
+    }
+}
+
+// ------------------------------------------------------------ SharedBucket
+
+TEST(SharedBucket, AllreduceInPlace) {
+    ForceShm on;
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{31}, std::size_t{300007}}) {
+        mpiml::SharedBucket b(n * sizeof(double) + 8);  // a little slack
+        ASSERT_EQ(b.size_bytes(), n * sizeof(double) + 8);
+        auto x = b.as_span<double>();
+        for (std::size_t i = 0; i < n; ++i) x[i] = value<double>(rank(), i, Op::sum, 11);
+        b.allreduce<double>(n, Op::sum);
+        const auto want = expected_sum<double>(n, 11, false);
+        EXPECT_TRUE(std::equal(want.begin(), want.end(), x.begin()));
+
+        std::vector<int> ref(n);
+        auto y = std::span<int>(static_cast<int*>(b.data()), n);
+        for (std::size_t i = 0; i < n; ++i) y[i] = value<int>(rank(), i, Op::max);
+        MPI_Allreduce(y.data(), ref.data(), static_cast<int>(n), MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        b.allreduce<int>(n, Op::max);
+        EXPECT_TRUE(std::equal(ref.begin(), ref.end(), y.begin()));
+    }
+}
+
+TEST(SharedBucket, Average) {
+    ForceShm on;
+    const std::size_t n = 123457;
+    mpiml::SharedBucket b(n * sizeof(float));
+    auto x = b.as_span<float>();
+    for (std::size_t i = 0; i < n; ++i) x[i] = value<float>(rank(), i, Op::sum, 5);
+    b.average<float>(n);
+    const auto want = expected_sum<float>(n, 5, true);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), x.begin()));
+    EXPECT_TRUE(same_on_all_ranks(fingerprint(std::vector<float>(x.begin(), x.end()))));
+}
+
+TEST(SharedBucket, OffModeUsesMpi) {
+    ForceShm off(shm::Mode::off);
+    mpiml::SharedBucket b(1000 * sizeof(double));
+    auto x = b.as_span<double>();
+    for (auto& v : x) v = rank() + 1;
+    b.average<double>(x.size());
+    for (double v : x) EXPECT_DOUBLE_EQ(v, (size() + 1) / 2.0);
+}
+
+TEST(SharedBucket, Misuse) {
+    mpiml::SharedBucket b(64);
+    EXPECT_THROW(b.allreduce<double>(9, Op::sum), mpiml::Error);   // 72 bytes > 64
+    EXPECT_THROW(b.average<int>(4), mpiml::Error);                 // integers do not average
+    EXPECT_THROW(mpiml::SharedBucket(rank() == 0 ? 64 : 128), mpiml::Error);
+    mpiml::SharedBucket moved = std::move(b);
+    EXPECT_EQ(b.data(), nullptr);
+    EXPECT_NE(moved.data(), nullptr);
+}
+
+// A small data-parallel training loop (linear regression, SGD), gradients
+// averaged either in ordinary vectors through MPI, or in place in a shared
+// bucket. The trained weights must agree (bit for bit at 2 ranks, where the
+// sum of two terms does not depend on order).
+std::vector<double> train(bool bucket_view) {
+    const std::size_t dim = 4099, steps = 20, batch = 8;
+    std::vector<double> w(dim, 0.0), grad_plain(dim);
+    mpiml::SharedBucket bucket(bucket_view ? dim * sizeof(double) : 0);
+    std::span<double> grad =
+        bucket_view ? bucket.as_span<double>() : std::span<double>(grad_plain);
+    for (std::size_t step = 0; step < steps; ++step) {
+        std::fill(grad.begin(), grad.end(), 0.0);
+        for (std::size_t s = 0; s < batch; ++s) {
+            const std::uint64_t id = (step * 1000 + s) * 64 + static_cast<std::uint64_t>(rank());
+            double pred = 0, target = unit(mix(id)) - 0.5;
+            for (std::size_t i = 0; i < dim; i += 97) pred += w[i] * value<double>(0, i + id, Op::sum);
+            for (std::size_t i = 0; i < dim; i += 97)
+                grad[i] += 2 * (pred - target) * value<double>(0, i + id, Op::sum) / batch;
+        }
+        if (bucket_view) {
+            bucket.average<double>(dim);
+        } else {
+            ForceShm off(shm::Mode::off);
+            mpiml::allreduce(grad_plain, Op::sum);
+            for (auto& g : grad_plain) g /= size();
+        }
+        for (std::size_t i = 0; i < dim; ++i) w[i] -= 0.1 * grad[i];
+    }
+    return w;
+}
+
+TEST(SharedBucket, TrainingMatchesPlainMode) {
+    ForceShm on;
+    const auto plain = train(false);
+    const auto view = train(true);
+    if (size() <= 2 && node_split() >= size()) {
+        EXPECT_TRUE(plain == view);
+    } else {
+        for (std::size_t i = 0; i < plain.size(); ++i) ASSERT_NEAR(plain[i], view[i], 1e-12);
+    }
+    EXPECT_TRUE(same_on_all_ranks(fingerprint(view)));
+}
+
+}  // namespace
