@@ -39,7 +39,7 @@ stage "installed package consumer"
 prefix=$(mktemp -d)
 if cmake --install "$root/build" --prefix "$prefix" > "$root/build/install.log" 2>&1 &&
    cmake -S tests/consumer -B "$root/build/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
-     -DREQUIRE_TORCH_TARGET="$(grep -q 'building mpiml::torch' "$root/build.configure.log" && echo ON || echo OFF)" \
+     -DREQUIRE_TORCH_TARGET="$(grep -q 'building mpiml::torch' "$root/build-configure.log" && echo ON || echo OFF)" \
      > "$root/build/consumer.log" 2>&1 &&
    cmake --build "$root/build/consumer" >> "$root/build/consumer.log" 2>&1 &&
    timeout 60 mpirun -np 2 "$root/build/consumer/consumer" | tee -a "$root/build/consumer.log" | grep -q "consumer: ok"; then
@@ -52,20 +52,20 @@ rm -rf "$prefix"
 stage "core, mpi_fork and fault tests against MPICH"
 mpich=$root/build-mpich
 if cmake -S "$root" -B "$mpich" -DMPIML_WITH_TORCH=OFF -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF \
-     -DMPI_CXX_COMPILER=mpicxx.mpich -DMPIEXEC_EXECUTABLE=/usr/bin/mpiexec.mpich > "$mpich.configure.log" 2>&1 &&
-   cmake --build "$mpich" -j"$(nproc)" > "$mpich.build.log" 2>&1; then
+     -DMPI_CXX_COMPILER=mpicxx.mpich -DMPIEXEC_EXECUTABLE=/usr/bin/mpiexec.mpich > "$mpich-configure.log" 2>&1 &&
+   cmake --build "$mpich" -j"$(nproc)" > "$mpich-build.log" 2>&1; then
   log=$mpich/ctest.log
   ctest --test-dir "$mpich" --output-on-failure -j2 2>&1 | tee "$log" | grep -vE "^\s*(Start|[0-9]+/[0-9]+ Test)" | tail -8
   count "$log"
 else
-  echo "MPICH build FAILED"; tail -30 "$mpich.configure.log" "$mpich.build.log"; failed=$((failed + 1))
+  echo "MPICH build FAILED"; tail -30 "$mpich-configure.log" "$mpich-build.log"; failed=$((failed + 1))
 fi
 
 stage "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 asan=$root/build-asan
 if cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DMPIML_SANITIZE=ON -DMPIML_WITH_TORCH=OFF \
-     -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF > "$asan.configure.log" 2>&1 &&
-   cmake --build "$asan" -j"$(nproc)" --target test_core test_stats test_errors > "$asan.build.log" 2>&1; then
+     -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF > "$asan-configure.log" 2>&1 &&
+   cmake --build "$asan" -j"$(nproc)" --target test_core test_stats test_errors test_profile profile_env_child > "$asan-build.log" 2>&1; then
   # Full stacks (the MPI libraries have no frame pointers) and loaded MCA
   # components, so that the suppressions can tell the MPI runtime's
   # allocations from mpiml's.
@@ -74,10 +74,10 @@ if cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DMPIML_SANITIZE=ON -DMP
   export LSAN_OPTIONS=suppressions=$root/tests/lsan.supp:print_suppressions=0:fast_unwind_on_malloc=0
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   log=$asan/ctest.log
-  ctest --test-dir "$asan" --output-on-failure -R "^test_(core|stats|errors)" -j2 2>&1 | tee "$log" | tail -8
+  ctest --test-dir "$asan" --output-on-failure -R "^test_(core|stats|errors|profile)" -j2 2>&1 | tee "$log" | tail -8
   count "$log"
 else
-  echo "sanitizer build FAILED"; tail -30 "$asan.configure.log" "$asan.build.log"; failed=$((failed + 1))
+  echo "sanitizer build FAILED"; tail -30 "$asan-configure.log" "$asan-build.log"; failed=$((failed + 1))
 fi
 
 if [ "${MPIML_LEARNING_CHECK:-1}" = 1 ] && [ -x "$root/scripts/check_learning.sh" ]; then

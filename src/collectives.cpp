@@ -188,7 +188,9 @@ void check_consistent(const CallInfo& info, std::uint64_t seq) {
 
 CollectiveScope::CollectiveScope(const CallInfo& info) {
     const auto& s = state();
-    if (!s.check && s.timeout <= 0) return;
+    const bool prof = profiling();
+    if (!s.check && s.timeout <= 0 && !prof) return;
+    const std::int64_t t0 = prof ? profile_now() : 0;
     const std::uint64_t seq = next_sequence(info.comm);
     if (s.timeout > 0) {
         watchdog_arm(info, seq);
@@ -203,10 +205,14 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
             throw;
         }
     }
+    if (prof)
+        profile_ = ProfileMark{info, seq, t0, s.check ? profile_now() - t0 : -1,
+                               profile_generation.load(std::memory_order_relaxed)};
 }
 
 CollectiveScope::~CollectiveScope() {
     if (armed_) watchdog_disarm();
+    if (profile_) profile_collective(*profile_);
 }
 
 void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type, TypeClass cls,

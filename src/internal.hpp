@@ -2,8 +2,10 @@
 #pragma once
 
 #include <mpiml/collectives.hpp>
+#include <mpiml/profile.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace mpiml::detail {
@@ -43,6 +45,15 @@ std::string describe(const CallInfo& c);
 /// Sequence number of the next collective on comm (per communicator).
 std::uint64_t next_sequence(MPI_Comm comm);
 
+/// A collective being profiled: recorded when its CollectiveScope ends.
+struct ProfileMark {
+    CallInfo info;
+    std::uint64_t seq;
+    std::int64_t t0;        // entry, profile_now()
+    std::int64_t check_ns;  // time in the mismatch check, -1 when the check is off
+    std::uint32_t generation;
+};
+
 /// RAII around every collective: mismatch check, watchdog, profile hooks.
 class CollectiveScope {
 public:
@@ -53,7 +64,15 @@ public:
 
 private:
     bool armed_ = false;
+    std::optional<ProfileMark> profile_;
 };
+
+// Profiler (profile.cpp).
+void profile_collective(const ProfileMark& mark);
+/// Starts profiling at initialization when MPIML_PROFILE=DIR is set (not collective).
+void profile_from_environment();
+/// Stops profiling without writing anything (the parent process of mpi_fork).
+void profile_discard();
 
 // Watchdog (watchdog.cpp).
 void watchdog_arm(const CallInfo& info, std::uint64_t seq);

@@ -1,3 +1,5 @@
+#include "internal.hpp"
+
 #include <mpiml/error.hpp>
 #include <mpiml/launch.hpp>
 #include <mpiml/session.hpp>
@@ -228,6 +230,8 @@ void mpi_fork(int n, bool bind_to_core) {
     if (n <= 1) return;
     if (const char* v = std::getenv("IN_MPI"); v && *v) return;
     auto plan = detail::plan_fork(n, bind_to_core);
+    // The ranks write the profile; this process must not overwrite it at exit.
+    detail::profile_discard();
     std::fflush(nullptr);
     auto argv = detail::c_strings(plan.argv);
     auto envp = detail::c_strings(plan.env);

@@ -25,8 +25,10 @@ std::mutex init_mutex;
 int self_keyval = MPI_KEYVAL_INVALID;
 
 std::vector<void (*)()>& finalize_hooks() {
-    static std::vector<void (*)()> hooks;
-    return hooks;
+    // Never destroyed: the hooks run inside MPI_Finalize, which may be called
+    // from atexit after function-local statics have been destroyed.
+    static auto* hooks = new std::vector<void (*)()>;
+    return *hooks;
 }
 
 // MPI_Finalize deletes MPI_COMM_SELF's attributes first: run our cleanup
@@ -76,6 +78,7 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
     s.abort_on_failure = opts.abort_on_failure;
     if (s.abort_on_failure) install_failure_handlers();
     s.ready = true;
+    profile_from_environment();
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -546,7 +547,10 @@ void unpack_grad(const GradEntry& e, void* src, int ranks) {
     const at::ScalarType s = e.param.scalar_type();
     if (!g.defined()) g = at::empty(e.param.sizes(), e.param.options());
     check_numel(e, g);
-    if (plain(g, s)) return unpack_plain_div(src, g, ranks);
+    if (plain(g, s)) {
+        unpack_plain_div(src, g, ranks);
+        return bump_version(g);
+    }
     at::Tensor v = wire_view(src, e.param.sizes(), e.wire.scalar);
     v.div_(ranks);
     if (g.layout() == at::kStrided)
@@ -755,13 +759,15 @@ void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opt
     // Fixed plan: wires in order of first appearance, parameter order within.
     st.order.clear();
     st.buckets.clear();
-    std::vector<Wire> wires;  // at most four
+    std::array<Wire, 4> wires{};  // float, double, complex float, complex double
+    std::size_t n_wires = 0;
     for (const GradEntry& e : st.entries)
-        if (std::none_of(wires.begin(), wires.end(),
+        if (std::none_of(wires.begin(), wires.begin() + n_wires,
                          [&](const Wire& w) { return w.mpi == e.wire.mpi; }))
-            wires.push_back(e.wire);
+            wires[n_wires++] = e.wire;
     std::size_t largest = 0;  // bytes of the largest bucket, flags included
-    for (const Wire& w : wires) {
+    for (std::size_t wi = 0; wi < n_wires; ++wi) {
+        const Wire& w = wires[wi];
         for (std::size_t j = 0; j < st.entries.size(); ++j) {
             const GradEntry& e = st.entries[j];
             if (e.wire.mpi != w.mpi) continue;
@@ -887,11 +893,12 @@ void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts, Comm 
         }
         return avg_grads(params, opts, c, &descs);
     }
-    thread_local std::vector<at::Tensor> params;
-    params.clear();
+    thread_local std::vector<at::Tensor> params;  // capacity reused across calls
+    struct Release {
+        ~Release() { params.clear(); }  // hold no tensors between calls
+    } release;
     collect_params(module, params);
     avg_grads(params, opts, c, nullptr);
-    params.clear();  // drop the references
 }
 
 void mpi_avg_grads(const std::vector<torch::Tensor>& params, const AvgGradsOptions& opts,

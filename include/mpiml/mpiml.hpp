@@ -7,6 +7,7 @@
 #include <mpiml/failure.hpp>
 #include <mpiml/launch.hpp>
 #include <mpiml/print.hpp>
+#include <mpiml/profile.hpp>
 #include <mpiml/session.hpp>
 #include <mpiml/shm.hpp>
 #include <mpiml/stats.hpp>

@@ -1,0 +1,158 @@
+// mpiml-ppo's environments against Gym's definitions (no MPI, no LibTorch).
+#include "envs.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+
+using namespace ppo;
+
+namespace {
+constexpr double deg = std::numbers::pi / 180.0;
+const std::vector<float> left{0.0f}, right{1.0f};
+}  // namespace
+
+TEST(CartPole, ResetIsUniformInPlusMinus005) {
+    CartPole env;
+    env.seed(3);
+    for (int i = 0; i < 100; ++i) {
+        const auto o = env.reset();
+        ASSERT_EQ(o.size(), 4u);
+        for (float v : o) {
+            EXPECT_GE(v, -0.05f);
+            EXPECT_LE(v, 0.05f);
+        }
+    }
+}
+
+TEST(CartPole, OneStepMatchesGymEuler) {
+    CartPole env;
+    env.reset();
+    env.set_state(0.1, -0.2, 0.05, 0.3);
+    const auto r = env.step(right);
+    // Gym's formulas, evaluated by hand for force = +10.
+    const double th = 0.05, thd = 0.3, ct = std::cos(th), st = std::sin(th);
+    const double temp = (10.0 + 0.05 * thd * thd * st) / 1.1;
+    const double thacc = (9.8 * st - ct * temp) / (0.5 * (4.0 / 3.0 - 0.1 * ct * ct / 1.1));
+    const double xacc = temp - 0.05 * thacc * ct / 1.1;
+    EXPECT_DOUBLE_EQ(env.state()[0], 0.1 + 0.02 * -0.2);
+    EXPECT_DOUBLE_EQ(env.state()[1], -0.2 + 0.02 * xacc);
+    EXPECT_DOUBLE_EQ(env.state()[2], 0.05 + 0.02 * 0.3);
+    EXPECT_DOUBLE_EQ(env.state()[3], 0.3 + 0.02 * thacc);
+    EXPECT_FLOAT_EQ(r.obs[3], static_cast<float>(0.3 + 0.02 * thacc));
+    EXPECT_EQ(r.reward, 1.0);
+    EXPECT_FALSE(r.terminated);
+    EXPECT_FALSE(r.truncated);
+}
+
+TEST(CartPole, TerminatesPast12Degrees) {
+    CartPole env;
+    env.reset();
+    // theta after the step = theta + 0.02 * theta_dot: land just inside, then just outside.
+    env.set_state(0, 0, 11.9 * deg, 0.0);
+    EXPECT_FALSE(env.step(left).terminated);
+    env.set_state(0, 0, 12.0 * deg - 1e-6, 1.0);  // + 0.02 rad > 12 deg
+    auto r = env.step(left);
+    EXPECT_TRUE(r.terminated);
+    EXPECT_EQ(r.reward, 1.0);
+    env.set_state(0, 0, -12.0 * deg + 1e-6, -1.0);
+    EXPECT_TRUE(env.step(right).terminated);
+}
+
+TEST(CartPole, TerminatesPast2Point4) {
+    CartPole env;
+    env.reset();
+    env.set_state(2.39, 0.0, 0.0, 0.0);
+    EXPECT_FALSE(env.step(right).terminated);
+    env.set_state(2.399, 1.0, 0.0, 0.0);  // x -> 2.419
+    EXPECT_TRUE(env.step(right).terminated);
+    env.set_state(-2.399, -1.0, 0.0, 0.0);
+    EXPECT_TRUE(env.step(left).terminated);
+}
+
+TEST(CartPole, TruncatesAt500Steps) {
+    CartPole env;
+    env.reset();
+    for (int t = 1; t <= 500; ++t) {
+        env.set_state(0, 0, 0, 0);  // keep it upright; the step count goes on
+        const auto r = env.step(t % 2 ? left : right);
+        ASSERT_FALSE(r.terminated) << "step " << t;
+        ASSERT_EQ(r.truncated, t == 500) << "step " << t;
+    }
+    env.reset();
+    env.set_state(0, 0, 0, 0);
+    EXPECT_FALSE(env.step(left).truncated);  // reset starts a new count
+}
+
+TEST(CartPole, RejectsBadAction) {
+    CartPole env;
+    env.reset();
+    EXPECT_THROW(env.step({2.0f}), std::invalid_argument);
+}
+
+TEST(Pendulum, AngleNormalizeLikePythonModulo) {
+    EXPECT_NEAR(angle_normalize(0.0), 0.0, 1e-15);
+    EXPECT_NEAR(angle_normalize(3 * std::numbers::pi / 2), -std::numbers::pi / 2, 1e-12);
+    EXPECT_NEAR(angle_normalize(-3 * std::numbers::pi / 2), std::numbers::pi / 2, 1e-12);
+    EXPECT_NEAR(angle_normalize(7.0), 7.0 - 2 * std::numbers::pi, 1e-12);
+}
+
+TEST(Pendulum, OneStepMatchesHandComputation) {
+    Pendulum env;
+    env.reset();
+    env.set_state(1.0, 0.5);
+    const auto r = env.step({1.5f});
+    // newthdot = 0.5 + (3*10/2 * sin(1) + 3 * 1.5) * 0.05; newth = 1 + newthdot * 0.05
+    const double newthdot = 0.5 + (15.0 * std::sin(1.0) + 4.5) * 0.05;
+    EXPECT_DOUBLE_EQ(env.theta_dot(), newthdot);
+    EXPECT_DOUBLE_EQ(env.theta(), 1.0 + newthdot * 0.05);
+    EXPECT_DOUBLE_EQ(r.reward, -(1.0 + 0.1 * 0.25 + 0.001 * 2.25));
+    ASSERT_EQ(r.obs.size(), 3u);
+    EXPECT_FLOAT_EQ(r.obs[0], static_cast<float>(std::cos(1.0 + newthdot * 0.05)));
+    EXPECT_FLOAT_EQ(r.obs[1], static_cast<float>(std::sin(1.0 + newthdot * 0.05)));
+    EXPECT_FLOAT_EQ(r.obs[2], static_cast<float>(newthdot));
+    EXPECT_FALSE(r.terminated);
+}
+
+TEST(Pendulum, ClipsTorqueAndSpeed) {
+    Pendulum env;
+    env.reset();
+    env.set_state(-3.0, 7.9);  // angle_normalize(-3) = -3
+    const auto r = env.step({10.0f});  // torque clipped to 2
+    EXPECT_DOUBLE_EQ(r.reward, -(9.0 + 0.1 * 7.9 * 7.9 + 0.001 * 4.0));
+    EXPECT_DOUBLE_EQ(env.theta_dot(), 8.0);  // 7.9 + (15 sin(-3) + 6) * 0.05 = 8.09.. -> 8
+    EXPECT_DOUBLE_EQ(env.theta(), -3.0 + 8.0 * 0.05);
+}
+
+TEST(Pendulum, TruncatesAt200Steps) {
+    Pendulum env;
+    env.seed(1);
+    env.reset();
+    for (int t = 1; t <= 200; ++t) {
+        const auto r = env.step({0.0f});
+        ASSERT_FALSE(r.terminated);
+        ASSERT_EQ(r.truncated, t == 200) << "step " << t;
+    }
+}
+
+TEST(Envs, FactoryAndSpaces) {
+    auto c = make_env("CartPole-v1");
+    EXPECT_EQ(c->obs_dim(), 4);
+    EXPECT_TRUE(c->action_space().discrete);
+    EXPECT_EQ(c->action_space().n, 2);
+    auto p = make_env("Pendulum-v1");
+    EXPECT_EQ(p->obs_dim(), 3);
+    EXPECT_FALSE(p->action_space().discrete);
+    EXPECT_EQ(p->action_space().dim, 1);
+    EXPECT_THROW(make_env("MountainCar-v0"), std::invalid_argument);
+}
+
+TEST(Envs, SameSeedSameEpisode) {
+    auto a = make_env("Pendulum-v1"), b = make_env("Pendulum-v1");
+    a->seed(42);
+    b->seed(42);
+    EXPECT_EQ(a->reset(), b->reset());
+    b->seed(43);
+    EXPECT_NE(a->reset(), b->reset());
+}
