@@ -47,10 +47,12 @@ namespace detail {
 namespace {
 
 // Defaults (see BENCHMARKS.md, "Shared-memory fast path"). On one node the
-// shared-memory allreduce won from 512 B up and tied or lost by up to ~10%
-// below. Across nodes, small messages pay two leader collectives instead of
-// one MPI_Allreduce, so auto mode leaves those to MPI (not measured: one box).
-constexpr std::size_t kDefaultAllreduceThreshold = 512;
+// shared-memory allreduce beat MPI_Allreduce at every size when both ranks
+// had their cores (1.1-1.4x below 512 B); under heavy load it lost by up to
+// ~10% at 128-256 B. Across nodes, small messages pay two leader collectives
+// instead of one MPI_Allreduce, so auto mode leaves those to MPI (not
+// measured: one box).
+constexpr std::size_t kDefaultAllreduceThreshold = 0;
 constexpr std::size_t kMultiNodeMinimum = std::size_t{64} << 10;
 constexpr std::size_t kDefaultBroadcastThreshold = std::size_t{1} << 10;
 constexpr std::size_t kDefaultChunk = std::size_t{1} << 20;

@@ -13,7 +13,7 @@
 //
 // Environment (read once, at the first use):
 //   MPIML_SHM=auto|on|off          auto (default): by size; on: always; off: never
-//   MPIML_SHM_THRESHOLD=bytes      auto: allreduce of at least this many bytes (512)
+//   MPIML_SHM_THRESHOLD=bytes      auto: allreduce of at least this many bytes (0)
 //   MPIML_SHM_BCAST_THRESHOLD=bytes auto: broadcast of at least this many bytes (1K)
 //                                  (auto: with several nodes, at least 64 KiB too)
 //   MPIML_SHM_CHUNK=bytes          pipeline chunk (per buffer set)
