@@ -2,7 +2,7 @@
 // Spinning Up's MLP actor-critic (observation 17, action 6, tanh MLPs for the
 // Gaussian policy mean and the value function, plus log_std).
 //
-//   mpirun -np 2 bench_torch_grads [--iters N] [--reps R] [--hidden 64,64]...
+//   mpirun -np 2 bench_torch_grads [--samples N] [--hidden 64,64]...
 //                                  [--bucket-cap BYTES] [--json FILE]
 //
 // Peers, all on the same gradients / parameters:
@@ -11,8 +11,8 @@
 //          same total size (no packing, no divide: the floor)
 //   sync:  mpiml::sync_params | per-tensor MPI_Bcast | ONE MPI_Bcast of a flat
 //          buffer of the same size
-// Each figure: per-call time of a block of N calls, the slowest rank's, median
-// over R blocks; methods are interleaved block by block.
+// Each figure: quantiles over N single calls of the slowest rank's time, each
+// call after a barrier; methods are interleaved call by call.
 #include <mpiml/mpiml.hpp>
 #include <mpiml/torch.hpp>
 
@@ -66,44 +66,43 @@ TORCH_MODULE(ActorCritic);
 // ------------------------------------------------------------------ timing
 
 struct Options {
-    int iters = 200;
-    int reps = 15;
+    int samples = 2000;
     std::vector<std::vector<int64_t>> hidden;
     std::size_t bucket_cap = mpiml::AvgGradsOptions{}.bucket_cap_bytes;
     std::string json;
 };
 
-/// Median over reps of the per-call time (µs) of a block of iters calls; the
-/// slowest rank's time per block.
+/// Times single calls: barrier, then one call of each method in turn (so drift
+/// and other load hit all methods alike); a call's time is the slowest rank's.
+/// The median is robust to the preemptions of a shared machine.
 struct Timer {
     const Options& opt;
-    std::vector<std::vector<double>> blocks;  // per method
+    std::vector<std::vector<double>> us;  // per method, per sample
     void run(const std::vector<std::function<void()>>& methods) {
-        blocks.assign(methods.size(), {});
+        us.assign(methods.size(), std::vector<double>(static_cast<std::size_t>(opt.samples)));
         for (auto& m : methods)
-            for (int i = 0; i < 10; ++i) m();  // warm up
-        for (int r = 0; r < opt.reps; ++r)
+            for (int i = 0; i < 20; ++i) m();  // warm up
+        for (int i = 0; i < opt.samples; ++i)
             for (std::size_t k = 0; k < methods.size(); ++k) {
                 MPI_Barrier(MPI_COMM_WORLD);
                 const double t0 = MPI_Wtime();
-                for (int i = 0; i < opt.iters; ++i) methods[k]();
-                double us = (MPI_Wtime() - t0) / opt.iters * 1e6;
-                MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-                blocks[k].push_back(us);
+                methods[k]();
+                us[k][static_cast<std::size_t>(i)] = (MPI_Wtime() - t0) * 1e6;
             }
+        for (auto& v : us)
+            MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_MAX,
+                          MPI_COMM_WORLD);
+        for (auto& v : us) std::sort(v.begin(), v.end());
     }
-    double median(std::size_t k) const {
-        auto v = blocks[k];
-        std::sort(v.begin(), v.end());
-        return v[v.size() / 2];
+    double quantile(std::size_t k, double q) const {
+        return us[k][static_cast<std::size_t>(q * static_cast<double>(us[k].size() - 1))];
     }
-    double min(std::size_t k) const { return *std::min_element(blocks[k].begin(), blocks[k].end()); }
 };
 
 struct Row {
     std::string hidden, op, method;
     std::size_t tensors, elements;
-    double median_us, min_us, ratio;
+    double median_us, p10_us, p90_us, ratio;
 };
 
 std::string hidden_name(const std::vector<int64_t>& h) {
@@ -123,10 +122,10 @@ std::vector<int64_t> parse_hidden(const std::string& s) {
 [[noreturn]] void usage(int code) {
     std::puts(
         "usage: mpirun -np 2 bench_torch_grads [options]\n"
-        "  --iters N         calls per timed block (default 200)\n"
-        "  --reps R          timed blocks per method; the median is reported (default 15)\n"
+        "  --samples N       timed calls per method (default 2000)\n"
         "  --hidden A,B      hidden sizes; repeat for several models (default 64,64 and 256,256)\n"
         "  --bucket-cap B    mpi_avg_grads bucket cap in bytes (default 25 MiB)\n"
+
         "  --json FILE       also write the results as JSON to FILE (rank 0)");
     std::exit(code);
 }
@@ -139,16 +138,16 @@ Options parse(int argc, char** argv) {
             if (i + 1 >= argc) usage(2);
             return argv[++i];
         };
-        if (a == "--iters") o.iters = std::stoi(value());
-        else if (a == "--reps") o.reps = std::stoi(value());
+        if (a == "--samples") o.samples = std::stoi(value());
         else if (a == "--hidden") o.hidden.push_back(parse_hidden(value()));
         else if (a == "--bucket-cap") o.bucket_cap = std::stoull(value());
+
         else if (a == "--json") o.json = value();
         else if (a == "--help" || a == "-h") usage(0);
         else usage(2);
     }
     if (o.hidden.empty()) o.hidden = {{64, 64}, {256, 256}};
-    if (o.iters < 1 || o.reps < 1) usage(2);
+    if (o.samples < 1) usage(2);
     return o;
 }
 
@@ -157,15 +156,19 @@ Options parse(int argc, char** argv) {
 void bench_model(const Options& opt, const std::vector<int64_t>& hidden, std::vector<Row>& rows) {
     const int rank = mpiml::proc_id(), size = mpiml::num_procs();
     torch::manual_seed(rank);
-    ActorCritic ac(17, 6, hidden);
-    const auto params = ac->parameters();
-    // Real gradients from one backward pass.
-    {
+    auto make = [&] {
+        torch::manual_seed(rank);
+        ActorCritic m(17, 6, hidden);
+        // Real gradients from one backward pass.
         const auto obs = torch::randn({32, 17});
-        (ac->mu_net->forward(obs).pow(2).mean() + ac->v_net->forward(obs).pow(2).mean() +
-         ac->log_std.sum())
+        (m->mu_net->forward(obs).pow(2).mean() + m->v_net->forward(obs).pow(2).mean() +
+         m->log_std.sum())
             .backward();
-    }
+        return m;
+    };
+    ActorCritic ac = make();
+    ActorCritic ac_views = make();  // its gradients move into shared buckets
+    const auto params = ac->parameters();
     std::size_t numel = 0;
     for (const auto& p : params) numel += static_cast<std::size_t>(p.numel());
     const auto all = ac->named_parameters().size() + ac->named_buffers().size();
@@ -196,6 +199,8 @@ void bench_model(const Options& opt, const std::vector<int64_t>& hidden, std::ve
 
     const std::vector<std::pair<std::string, std::function<void()>>> grads = {
         {"mpiml::mpi_avg_grads", [&] { mpiml::mpi_avg_grads(ac, {opt.bucket_cap}); }},
+        {"mpi_avg_grads, bucket views",
+         [&] { mpiml::mpi_avg_grads(ac_views, {opt.bucket_cap, /*gradient_as_bucket_view=*/true}); }},
         {"per-parameter MPI_Allreduce",
          [&] {
              for (const auto& p : params) {
@@ -210,26 +215,15 @@ void bench_model(const Options& opt, const std::vector<int64_t>& hidden, std::ve
         {"one raw MPI_Allreduce",
          [&] { MPI_Allreduce(MPI_IN_PLACE, flat.data(), n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }},
     };
-    // Each sync call ends with a barrier: a bare MPI_Bcast loop lets the root
-    // run ahead, and sync_params synchronizes (its module check).
     const std::vector<std::pair<std::string, std::function<void()>>> syncs = {
-        {"mpiml::sync_params + barrier",
-         [&] {
-             mpiml::sync_params(ac);
-             MPI_Barrier(MPI_COMM_WORLD);
-         }},
-        {"per-tensor MPI_Bcast + barrier",
+        {"mpiml::sync_params", [&] { mpiml::sync_params(ac); }},
+        {"per-tensor MPI_Bcast",
          [&] {
              for (const auto& p : params)
                  MPI_Bcast(p.data_ptr(), static_cast<int>(p.numel()), MPI_FLOAT, 0,
                            MPI_COMM_WORLD);
-             MPI_Barrier(MPI_COMM_WORLD);
          }},
-        {"one raw MPI_Bcast + barrier",
-         [&] {
-             MPI_Bcast(flat.data(), n, MPI_FLOAT, 0, MPI_COMM_WORLD);
-             MPI_Barrier(MPI_COMM_WORLD);
-         }},
+        {"one raw MPI_Bcast", [&] { MPI_Bcast(flat.data(), n, MPI_FLOAT, 0, MPI_COMM_WORLD); }},
     };
 
     for (const auto* group : {&grads, &syncs}) {
@@ -237,11 +231,12 @@ void bench_model(const Options& opt, const std::vector<int64_t>& hidden, std::ve
         for (const auto& [name, fn] : *group) fns.push_back(fn);
         Timer t{opt, {}};
         t.run(fns);
-        const double floor = t.median(fns.size() - 1);
+        const double floor = t.quantile(fns.size() - 1, 0.5);
         for (std::size_t k = 0; k < fns.size(); ++k)
             rows.push_back({hidden_name(hidden), group == &grads ? "average gradients" : "sync parameters",
                             (*group)[k].first, k == 0 && group == &syncs ? all : params.size(), numel,
-                            t.median(k), t.min(k), t.median(k) / floor});
+                            t.quantile(k, 0.5), t.quantile(k, 0.1), t.quantile(k, 0.9),
+                            t.quantile(k, 0.5) / floor});
     }
 }
 
@@ -289,15 +284,15 @@ int main(int argc, char** argv) {
         std::printf("# %s, %d ranks on %s (%ld cores, load %.2f), LibTorch %s, %d threads/rank, %s\n",
                     mpi.c_str(), size, host, cores, load, torch_version.c_str(),
                     at::get_num_threads(), date);
-        std::printf("# per call: median of %d blocks of %d calls (slowest rank); ratio vs the "
-                    "single raw collective\n",
-                    opt.reps, opt.iters);
-        std::printf("%-10s %-18s %-32s %7s %9s %10s %10s %7s\n", "hidden", "operation", "method",
-                    "tensors", "floats", "median_us", "min_us", "ratio");
+        std::printf("# per call, slowest rank, %d calls after a barrier each: median, 10th and "
+                    "90th percentile; ratio of medians vs the single raw collective\n",
+                    opt.samples);
+        std::printf("%-10s %-18s %-32s %7s %9s %10s %10s %10s %7s\n", "hidden", "operation", "method",
+                    "tensors", "floats", "median_us", "p10_us", "p90_us", "ratio");
         for (const auto& r : rows)
-            std::printf("%-10s %-18s %-32s %7zu %9zu %10.2f %10.2f %7.2f\n", r.hidden.c_str(),
+            std::printf("%-10s %-18s %-32s %7zu %9zu %10.2f %10.2f %10.2f %7.2f\n", r.hidden.c_str(),
                         r.op.c_str(), r.method.c_str(), r.tensors, r.elements, r.median_us,
-                        r.min_us, r.ratio);
+                        r.p10_us, r.p90_us, r.ratio);
 
         if (!opt.json.empty()) {
             std::ofstream out(opt.json);
@@ -305,15 +300,16 @@ int main(int argc, char** argv) {
                 << "\",\n  \"ranks\": " << size << ",\n  \"host\": \"" << json_escape(host)
                 << "\",\n  \"cores\": " << cores << ",\n  \"load_average\": " << load << ",\n  \"torch\": \"" << torch_version
                 << "\",\n  \"threads_per_rank\": " << at::get_num_threads()
-                << ",\n  \"date\": \"" << date << "\",\n  \"iters\": " << opt.iters
-                << ",\n  \"reps\": " << opt.reps << ",\n  \"bucket_cap_bytes\": " << opt.bucket_cap
+                << ",\n  \"date\": \"" << date << "\",\n  \"samples\": " << opt.samples << ",\n  \"bucket_cap_bytes\": " << opt.bucket_cap
+
                 << ",\n  \"results\": [\n";
             for (std::size_t i = 0; i < rows.size(); ++i) {
                 const auto& r = rows[i];
                 out << "    {\"hidden\": \"" << r.hidden << "\", \"operation\": \"" << r.op
                     << "\", \"method\": \"" << r.method << "\", \"tensors\": " << r.tensors
                     << ", \"floats\": " << r.elements << ", \"median_us\": " << r.median_us
-                    << ", \"min_us\": " << r.min_us << ", \"ratio\": " << r.ratio << "}"
+                    << ", \"p10_us\": " << r.p10_us << ", \"p90_us\": " << r.p90_us
+                    << ", \"ratio\": " << r.ratio << "}"
                     << (i + 1 < rows.size() ? ",\n" : "\n");
             }
             out << "  ]\n}\n";

@@ -7,7 +7,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/build.sh" > "$root/build.log" 2>&1 \
   || { tail -40 "$root/build.log"; exit 1; }
 out=${MPIML_OUT:-$root/out/ppo-cartpole}
-"$root/build/apps/mpiml-ppo" --cpu 2 --env CartPole-v1 --seed 0 --epochs 50 --out "$out" "$@"
+"$root/build/apps/mpiml-ppo" --cpu 2 --env CartPole-v1 --seed 0 --epochs 30 --out "$out" "$@"
 echo
 echo "Outputs in $out: progress.txt (per-epoch table), config.json, the trained policy,"
 echo "and the learning curve plot. Replay the policy: $root/build/apps/mpiml-ppo --test $out"

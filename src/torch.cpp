@@ -164,12 +164,21 @@ struct real_type<c10::complex<R>> {
     using type = R;
 };
 
+/// d = s * scale, converted to T. Multiplying by 1/ranks instead of dividing:
+/// divps/divpd made this loop the bottleneck; exact when ranks is a power of two,
+/// otherwise within one more rounding of the quotient.
 template <class W, class T>
-void from_wire_div(const void* src, void* dst, std::size_t n, int ranks) {
+void from_wire_scaled(const void* src, void* dst, std::size_t n,
+                      typename real_type<W>::type scale) {
     const W* s = static_cast<const W*>(src);
     T* d = static_cast<T*>(dst);
-    const auto div = static_cast<typename real_type<W>::type>(ranks);
-    for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<T>(s[i] / div);
+    for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<T>(s[i] * scale);
+}
+
+template <class W>
+void scale_in_place(void* data, std::size_t n, typename real_type<W>::type scale) {
+    W* d = static_cast<W*>(data);
+    for (std::size_t i = 0; i < n; ++i) d[i] *= scale;
 }
 
 /// Packs the plain tensor t (dtype s) into dst as its wire type.
@@ -190,20 +199,34 @@ void pack_plain(const at::Tensor& t, void* dst) {
 }
 
 /// Writes src / ranks into the plain tensor t.
-void unpack_plain_div(const void* src, const at::Tensor& t, int ranks) {
+void unpack_plain_avg(const void* src, const at::Tensor& t, int ranks) {
     void* dst = t.data_ptr();
     const auto n = static_cast<std::size_t>(t.numel());
+    const float f = 1.0f / static_cast<float>(ranks);
+    const double d = 1.0 / static_cast<double>(ranks);
     switch (t.scalar_type()) {
-        case at::kFloat: return from_wire_div<float, float>(src, dst, n, ranks);
-        case at::kDouble: return from_wire_div<double, double>(src, dst, n, ranks);
-        case at::kHalf: return from_wire_div<float, c10::Half>(src, dst, n, ranks);
-        case at::kBFloat16: return from_wire_div<float, c10::BFloat16>(src, dst, n, ranks);
+        case at::kFloat: return from_wire_scaled<float, float>(src, dst, n, f);
+        case at::kDouble: return from_wire_scaled<double, double>(src, dst, n, d);
+        case at::kHalf: return from_wire_scaled<float, c10::Half>(src, dst, n, f);
+        case at::kBFloat16: return from_wire_scaled<float, c10::BFloat16>(src, dst, n, f);
         case at::kComplexFloat:
-            return from_wire_div<c10::complex<float>, c10::complex<float>>(src, dst, n, ranks);
+            return from_wire_scaled<c10::complex<float>, c10::complex<float>>(src, dst, n, f);
         case at::kComplexDouble:
-            return from_wire_div<c10::complex<double>, c10::complex<double>>(src, dst, n,
-                                                                             ranks);
-        default: throw std::logic_error("unpack_plain_div: dtype");
+            return from_wire_scaled<c10::complex<double>, c10::complex<double>>(src, dst, n, d);
+        default: throw std::logic_error("unpack_plain_avg: dtype");
+    }
+}
+
+/// Divides n elements of dtype s (float, double or complex) at data by ranks.
+void average_in_place(at::ScalarType s, void* data, std::size_t n, int ranks) {
+    const float f = 1.0f / static_cast<float>(ranks);
+    const double d = 1.0 / static_cast<double>(ranks);
+    switch (s) {
+        case at::kFloat: return scale_in_place<float>(data, n, f);
+        case at::kDouble: return scale_in_place<double>(data, n, d);
+        case at::kComplexFloat: return scale_in_place<c10::complex<float>>(data, n, f);
+        case at::kComplexDouble: return scale_in_place<c10::complex<double>>(data, n, d);
+        default: throw std::logic_error("average_in_place: dtype");
     }
 }
 
@@ -221,6 +244,11 @@ std::string describe(const char* kind, const std::string& name, const at::Tensor
     os << ']';
     if (t.layout() != at::kStrided) os << ' ' << t.layout();
     return os.str();
+}
+
+/// describe(), plus whether gradients are averaged for it.
+std::string describe_grad(const char* kind, const std::string& name, const at::Tensor& t) {
+    return describe(kind, name, t) + (t.requires_grad() ? "" : " (no grad)");
 }
 
 std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h) {
@@ -475,20 +503,34 @@ struct GradEntry {
     std::size_t index;  // position in the caller's parameter list
     Wire wire;
     std::size_t numel;
+    std::size_t bucket = 0;
+    bool defined_here = false;  // gradient defined on this rank on entry
 };
 
+/// Fused buckets are packed into the scratch buffer, with one flag per entry at
+/// the tail counting the ranks that had a gradient. A direct bucket is one
+/// gradient larger than the cap, reduced in its own memory (staged through the
+/// scratch buffer only when it is not contiguous here); its flag rides in the
+/// last fused bucket (or, without one, in a small allreduce of its own).
+/// Splitting smaller gradients off into direct buckets was measured slower than
+/// copying them (more collectives), so only those larger than the cap are.
 struct Bucket {
     Wire wire;
-    std::size_t first_entry;  // indices into the bucket order
-    std::size_t entries;
-    std::size_t payload;  // elements, excluding the per-entry flags
+    bool direct;
+    std::size_t first = 0;  // into GradState::order
+    std::size_t entries = 0;
+    std::size_t payload = 0;  // elements, flags excluded
+    std::size_t flags = 0;    // flag slots after the payload
 };
 
 struct GradState {
     Scratch scratch;
     std::vector<GradEntry> entries;
-    std::vector<std::size_t> order;  // entries grouped by wire, parameter order kept
+    std::vector<std::size_t> order;  // entry indices, bucket by bucket
+    std::vector<std::size_t> fill;
     std::vector<Bucket> buckets;
+    std::vector<std::size_t> direct;    // bucket indices of the direct buckets
+    std::vector<char> direct_any;       // per direct bucket: some rank had a gradient
     std::unordered_set<const void*> seen;
 };
 
@@ -510,7 +552,7 @@ void set_flag(const Wire& w, void* p, bool on) {
     std::memset(p, 0, w.size);
     if (!on) return;
     switch (w.scalar) {
-        case at::kFloat: *static_cast<float*>(p) = 1.0f; break;
+        case at::kFloat:
         case at::kComplexFloat: *static_cast<float*>(p) = 1.0f; break;  // real part
         default: *static_cast<double*>(p) = 1.0; break;
     }
@@ -524,12 +566,12 @@ void check_numel(const GradEntry& e, const at::Tensor& g) {
                                     std::to_string(e.numel));
 }
 
-/// Packs p's gradient (zeros when undefined); returns whether it was defined.
-bool pack_grad(const GradEntry& e, void* dst) {
+/// Packs p's gradient into dst as the wire type (zeros when undefined).
+void pack_grad(const GradEntry& e, void* dst) {
     const at::Tensor& g = e.param.grad();
     if (!g.defined()) {
         std::memset(dst, 0, e.numel * e.wire.size);
-        return false;
+        return;
     }
     check_numel(e, g);
     if (plain(g, e.param.scalar_type())) {
@@ -538,7 +580,6 @@ bool pack_grad(const GradEntry& e, void* dst) {
         const at::Tensor src = g.layout() == at::kStrided ? g : g.to_dense();
         wire_view(dst, e.param.sizes(), e.wire.scalar).copy_(src.view(e.param.sizes()));
     }
-    return true;
 }
 
 /// Writes src / ranks into p's gradient, creating it when undefined here.
@@ -548,7 +589,7 @@ void unpack_grad(const GradEntry& e, void* src, int ranks) {
     if (!g.defined()) g = at::empty(e.param.sizes(), e.param.options());
     check_numel(e, g);
     if (plain(g, s)) {
-        unpack_plain_div(src, g, ranks);
+        unpack_plain_avg(src, g, ranks);
         return bump_version(g);
     }
     at::Tensor v = wire_view(src, e.param.sizes(), e.wire.scalar);
@@ -557,6 +598,64 @@ void unpack_grad(const GradEntry& e, void* src, int ranks) {
         g.copy_(v.view(g.sizes()));
     else
         g = v.to(g.options().layout(at::kStrided), /*non_blocking=*/false, /*copy=*/true);
+}
+
+/// Fixed plan, the same on every rank (it depends only on dtypes, sizes and
+/// options): wires in order of first appearance, parameter order within; a
+/// gradient larger than the cap whose dtype travels as is gets a direct
+/// bucket. Returns the scratch bytes needed.
+std::size_t plan_buckets(GradState& st, const AvgGradsOptions& opts) {
+    st.buckets.clear();
+    st.direct.clear();
+    std::array<Wire, 4> wires{};  // float, double, complex float, complex double
+    std::size_t n_wires = 0;
+    for (const GradEntry& e : st.entries)
+        if (std::none_of(wires.begin(), wires.begin() + n_wires,
+                         [&](const Wire& w) { return w.mpi == e.wire.mpi; }))
+            wires[n_wires++] = e.wire;
+    for (std::size_t wi = 0; wi < n_wires; ++wi) {
+        const Wire& w = wires[wi];
+        std::size_t open = SIZE_MAX;  // the fused bucket being filled
+        for (GradEntry& e : st.entries) {
+            if (e.wire.mpi != w.mpi) continue;
+            if (e.param.scalar_type() == w.scalar && e.numel * w.size > opts.bucket_cap_bytes) {
+                e.bucket = st.buckets.size();
+                st.direct.push_back(e.bucket);
+                st.buckets.push_back({w, true, 0, 1, e.numel, 0});
+                continue;
+            }
+            if (open == SIZE_MAX ||
+                (st.buckets[open].payload + e.numel) * w.size > opts.bucket_cap_bytes) {
+                open = st.buckets.size();
+                st.buckets.push_back({w, false});
+            }
+            e.bucket = open;
+            st.buckets[open].entries += 1;
+            st.buckets[open].payload += e.numel;
+        }
+    }
+    // Entry order per bucket (counting sort keeps parameter order).
+    st.fill.assign(st.buckets.size(), 0);
+    std::size_t pos = 0;
+    for (Bucket& b : st.buckets) {
+        b.first = pos;
+        pos += b.entries;
+        b.flags = b.direct ? 0 : b.entries;
+    }
+    st.order.resize(st.entries.size());
+    for (std::size_t j = 0; j < st.entries.size(); ++j) {
+        const std::size_t bi = st.entries[j].bucket;
+        st.order[st.buckets[bi].first + st.fill[bi]++] = j;
+    }
+    for (auto it = st.buckets.rbegin(); it != st.buckets.rend(); ++it)
+        if (!it->direct) {
+            it->flags += st.direct.size();  // the carrier of the direct flags
+            break;
+        }
+    std::size_t largest = st.direct.size() * sizeof(float);
+    for (const Bucket& b : st.buckets)
+        largest = std::max(largest, (b.payload + b.flags) * b.wire.size);
+    return largest;
 }
 
 // ------------------------------------------- gradient as bucket view
@@ -727,7 +826,7 @@ void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opt
         std::vector<at::Tensor> views, rest;
         std::unordered_set<const void*> seen;
         for (const at::Tensor& p : params) {
-            if (!p.defined() || !has_gradients(p.scalar_type())) continue;
+            if (!p.defined() || !p.requires_grad() || !has_gradients(p.scalar_type())) continue;
             if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
             (view_eligible(p) ? views : rest).push_back(p);
         }
@@ -747,80 +846,108 @@ void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opt
     } release{st};
     for (std::size_t i = 0; i < params.size(); ++i) {
         const at::Tensor& p = params[i];
-        if (!p.defined() || !has_gradients(p.scalar_type())) continue;
+        if (!p.defined() || !p.requires_grad() || !has_gradients(p.scalar_type())) continue;
         if (!st.seen.insert(p.unsafeGetTensorImpl()).second) continue;
         const auto wire = sum_wire(p.scalar_type());
         if (!wire)  // depends only on dtypes, so every rank throws here or none
             detail::fail(call, "parameters of dtype " + dtype_name(p.scalar_type()) +
                                    " are not supported");
-        st.entries.push_back({p, i, *wire, static_cast<std::size_t>(p.numel())});
+        GradEntry e{p, i, *wire, static_cast<std::size_t>(p.numel())};
+        e.defined_here = p.grad().defined();
+        st.entries.push_back(std::move(e));
     }
-
-    // Fixed plan: wires in order of first appearance, parameter order within.
-    st.order.clear();
-    st.buckets.clear();
-    std::array<Wire, 4> wires{};  // float, double, complex float, complex double
-    std::size_t n_wires = 0;
-    for (const GradEntry& e : st.entries)
-        if (std::none_of(wires.begin(), wires.begin() + n_wires,
-                         [&](const Wire& w) { return w.mpi == e.wire.mpi; }))
-            wires[n_wires++] = e.wire;
-    std::size_t largest = 0;  // bytes of the largest bucket, flags included
-    for (std::size_t wi = 0; wi < n_wires; ++wi) {
-        const Wire& w = wires[wi];
-        for (std::size_t j = 0; j < st.entries.size(); ++j) {
-            const GradEntry& e = st.entries[j];
-            if (e.wire.mpi != w.mpi) continue;
-            Bucket* b = st.buckets.empty() ? nullptr : &st.buckets.back();
-            if (!b || b->wire.mpi != w.mpi ||
-                (b->payload + e.numel) * w.size > opts.bucket_cap_bytes) {
-                st.buckets.push_back({w, st.order.size(), 0, 0});
-                b = &st.buckets.back();
-            }
-            st.order.push_back(j);
-            b->entries += 1;
-            b->payload += e.numel;
-            largest = std::max(largest, (b->payload + b->entries) * w.size);
-        }
-    }
+    const std::size_t largest = plan_buckets(st, opts);
     if (st.buckets.empty()) return;
     auto* buf = static_cast<std::byte*>(st.scratch.get(largest));
+    st.direct_any.assign(st.direct.size(), 1);
 
     torch::NoGradGuard no_grad;
     std::string deferred;  // a local failure, thrown after the collectives
+    auto defer = [&](const std::exception& ex) {
+        if (deferred.empty()) deferred = ex.what();
+    };
+    const auto& direct_entry = [&](std::size_t d) -> GradEntry& {
+        return st.entries[st.order[st.buckets[st.direct[d]].first]];
+    };
+
     for (const Bucket& b : st.buckets) {
         const std::size_t es = b.wire.size;
-        std::byte* flags = buf + b.payload * es;
+        if (b.direct) {
+            GradEntry& e = st.entries[st.order[b.first]];
+            at::Tensor& g = e.param.mutable_grad();
+            if (g.defined() && plain(g, e.param.scalar_type()) &&
+                g.numel() == static_cast<std::int64_t>(e.numel)) {
+                detail::allreduce(MPI_IN_PLACE, g.data_ptr(), e.numel, b.wire.mpi, b.wire.cls,
+                                  Op::sum, comm, call);
+                average_in_place(g.scalar_type(), g.data_ptr(), e.numel, size);
+                bump_version(g);
+                continue;
+            }
+            try {  // staged: undefined, strided, sparse or elsewhere
+                pack_grad(e, buf);
+            } catch (const std::exception& ex) {
+                defer(ex);
+                std::memset(buf, 0, e.numel * es);
+            }
+            detail::allreduce(MPI_IN_PLACE, buf, e.numel, b.wire.mpi, b.wire.cls, Op::sum, comm,
+                              call);
+            try {
+                unpack_grad(e, buf, size);
+            } catch (const std::exception& ex) {
+                defer(ex);
+            }
+            continue;
+        }
+
+        std::byte* base = buf;
+        std::byte* flags = base + b.payload * es;
         std::size_t off = 0;
         for (std::size_t k = 0; k < b.entries; ++k) {
-            const GradEntry& e = st.entries[st.order[b.first_entry + k]];
-            bool defined = false;
+            const GradEntry& e = st.entries[st.order[b.first + k]];
             try {
-                defined = pack_grad(e, buf + off * es);
+                pack_grad(e, base + off * es);
             } catch (const std::exception& ex) {
-                if (deferred.empty()) deferred = ex.what();
-                std::memset(buf + off * es, 0, e.numel * es);
+                defer(ex);
+                std::memset(base + off * es, 0, e.numel * es);
             }
-            set_flag(b.wire, flags + k * es, defined);
+            set_flag(b.wire, flags + k * es, e.defined_here);
             off += e.numel;
         }
-        // Flags count the ranks that had a gradient.
-        detail::allreduce(MPI_IN_PLACE, buf, b.payload + b.entries, b.wire.mpi, b.wire.cls,
+        const bool carrier = b.flags > b.entries;
+        if (carrier)
+            for (std::size_t d = 0; d < st.direct.size(); ++d)
+                set_flag(b.wire, flags + (b.entries + d) * es, direct_entry(d).defined_here);
+        detail::allreduce(MPI_IN_PLACE, base, b.payload + b.flags, b.wire.mpi, b.wire.cls,
                           Op::sum, comm, call);
         off = 0;
         for (std::size_t k = 0; k < b.entries; ++k) {
-            const GradEntry& e = st.entries[st.order[b.first_entry + k]];
+            const GradEntry& e = st.entries[st.order[b.first + k]];
             // Undefined on every rank: stays undefined, as in one process.
             if (flag_value(b.wire, flags + k * es) != 0.0) {
                 try {
-                    unpack_grad(e, buf + off * es, size);
+                    unpack_grad(e, base + off * es, size);
                 } catch (const std::exception& ex) {
-                    if (deferred.empty()) deferred = ex.what();
+                    defer(ex);
                 }
             }
             off += e.numel;
         }
+        if (carrier)
+            for (std::size_t d = 0; d < st.direct.size(); ++d)
+                st.direct_any[d] = flag_value(b.wire, flags + (b.entries + d) * es) != 0.0;
     }
+    const bool any_fused = st.buckets.size() > st.direct.size();
+    if (!any_fused && !st.direct.empty()) {  // direct flags on their own
+        auto* f = reinterpret_cast<float*>(buf);
+        for (std::size_t d = 0; d < st.direct.size(); ++d)
+            f[d] = direct_entry(d).defined_here ? 1.0f : 0.0f;
+        detail::allreduce(MPI_IN_PLACE, f, st.direct.size(), MPI_FLOAT, TypeClass::floating,
+                          Op::sum, comm, call);
+        for (std::size_t d = 0; d < st.direct.size(); ++d) st.direct_any[d] = f[d] != 0.0f;
+    }
+    // A direct gradient undefined on every rank was created here as zeros.
+    for (std::size_t d = 0; d < st.direct.size(); ++d)
+        if (!st.direct_any[d]) direct_entry(d).param.mutable_grad().reset();
     if (!deferred.empty()) detail::fail(call, deferred);
 }
 
@@ -888,7 +1015,7 @@ void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts, Comm 
         std::vector<std::string> descs;
         std::vector<at::Tensor> params;
         for (const auto& e : entries) {
-            descs.push_back(describe(e.kind, e.name, e.tensor));
+            descs.push_back(describe_grad(e.kind, e.name, e.tensor));
             params.push_back(e.tensor);
         }
         return avg_grads(params, opts, c, &descs);
@@ -908,7 +1035,7 @@ void mpi_avg_grads(const std::vector<torch::Tensor>& params, const AvgGradsOptio
         std::vector<std::string> descs;
         for (std::size_t i = 0; i < params.size(); ++i)
             if (params[i].defined())
-                descs.push_back(describe("tensor", std::to_string(i), params[i]));
+                descs.push_back(describe_grad("tensor", std::to_string(i), params[i]));
         return avg_grads(params, opts, c, &descs);
     }
     avg_grads(params, opts, c, nullptr);

@@ -66,7 +66,7 @@ void expect_error(F&& fn, const std::vector<std::string>& needles) {
 
 // ------------------------------------------------ the key equivalence test
 
-void train_and_compare(torch::Dtype dtype, double tol) {
+void train_and_compare(torch::Dtype dtype, double tol, const mpiml::AvgGradsOptions& plan = {}) {
     constexpr int batch = 12, steps = 20;
     const int n = size(), r = rank();
     ASSERT_EQ(batch % n, 0);
@@ -87,7 +87,7 @@ void train_and_compare(torch::Dtype dtype, double tol) {
     for (int step = 0; step < steps; ++step) {
         opt.zero_grad();
         torch::nn::functional::mse_loss(net(xs), ys).backward();
-        mpiml::mpi_avg_grads(net);
+        mpiml::mpi_avg_grads(net, plan);
         opt.step();
 
         ref_opt.zero_grad();
@@ -104,6 +104,12 @@ void train_and_compare(torch::Dtype dtype, double tol) {
 
 TEST(TorchTraining, EqualsOneProcessFloat64) { train_and_compare(torch::kFloat64, 1e-10); }
 TEST(TorchTraining, EqualsOneProcessFloat32) { train_and_compare(torch::kFloat32, 1e-5); }
+TEST(TorchTraining, EqualsOneProcessDirectBuckets) {
+    train_and_compare(torch::kFloat32, 1e-5, {0});  // every gradient direct
+}
+TEST(TorchTraining, EqualsOneProcessWithBucketViews) {
+    train_and_compare(torch::kFloat64, 1e-10, {25u << 20, true});
+}
 
 // ------------------------------------------------------------ sync_params
 
@@ -204,13 +210,27 @@ TEST(TorchAvgGrads, ZeroDimParameter) {
     EXPECT_DOUBLE_EQ(p.grad().item<double>(), mean_of_ranks(4));
 }
 
+/// Bucket plans worth covering: defaults (all fused), cap 0 (every gradient
+/// direct, reduced in place), caps that mix direct and fused buckets, and
+/// gradients as views of shared buckets.
+std::vector<mpiml::AvgGradsOptions> plans() {
+    return {{}, {0}, {8}, {20}, {40}, {25u << 20, true}};
+}
+
+std::string plan_name(const mpiml::AvgGradsOptions& o) {
+    return "cap " + std::to_string(o.bucket_cap_bytes) +
+           (o.gradient_as_bucket_view ? " views" : "");
+}
+
 TEST(TorchAvgGrads, UndefinedOnOneRankCountsAsZero) {
+  for (const auto& plan : plans()) {
+    SCOPED_TRACE(plan_name(plan));
     auto a = torch::zeros({4}).requires_grad_();
     auto b = torch::zeros({2}).requires_grad_();
     auto never = torch::zeros({3}).requires_grad_();
     if (rank() != 0) a.mutable_grad() = torch::full({4}, double(rank()));
     b.mutable_grad() = torch::full({2}, rank() + 1.0);
-    mpiml::mpi_avg_grads(std::vector<torch::Tensor>{a, never, b});
+    mpiml::mpi_avg_grads(std::vector<torch::Tensor>{a, never, b}, plan);
     if (size() == 1) {
         EXPECT_FALSE(a.grad().defined());  // one rank: nothing to do
     } else {
@@ -220,44 +240,104 @@ TEST(TorchAvgGrads, UndefinedOnOneRankCountsAsZero) {
     }
     EXPECT_FALSE(never.grad().defined());  // undefined everywhere: stays undefined
     EXPECT_TRUE(b.grad().equal(torch::full({2}, mean_of_ranks(1))));
+  }
+}
+
+TEST(TorchAvgGrads, FrozenParametersAreSkipped) {
+    auto frozen = torch::zeros({3});  // requires_grad false
+    frozen.mutable_grad() = torch::full({3}, rank() + 1.0);
+    auto p = torch::zeros({2}).requires_grad_();
+    p.mutable_grad() = torch::full({2}, rank() + 1.0);
+    mpiml::mpi_avg_grads(std::vector<torch::Tensor>{frozen, p});
+    EXPECT_TRUE(frozen.grad().equal(torch::full({3}, rank() + 1.0)));
+    EXPECT_TRUE(p.grad().equal(torch::full({2}, mean_of_ranks(1))));
 }
 
 TEST(TorchAvgGrads, NonContiguousGradientKeepsItsLayout) {
+  for (const auto& plan : plans()) {
+    SCOPED_TRACE(plan_name(plan));
     auto p = torch::zeros({2, 3}).requires_grad_();
     const auto pattern = torch::arange(6, torch::kFloat32).reshape({3, 2}).t();
     p.mutable_grad() = pattern * (rank() + 1);
     ASSERT_FALSE(p.grad().is_contiguous());
+    auto q = torch::zeros({3}, torch::kFloat64).requires_grad_();  // contiguous, in place
+    q.mutable_grad() = torch::full({3}, rank() + 1.0, torch::kFloat64);
     const void* data = p.grad().data_ptr();
-    mpiml::mpi_avg_grads(std::vector<torch::Tensor>{p});
-    EXPECT_EQ(p.grad().data_ptr(), data);  // in place
-    EXPECT_FALSE(p.grad().is_contiguous());
+    const void* qdata = q.grad().data_ptr();
+    mpiml::mpi_avg_grads(std::vector<torch::Tensor>{p, q}, plan);
+    if (!plan.gradient_as_bucket_view || size() == 1) {  // in place, layout kept
+        EXPECT_EQ(p.grad().data_ptr(), data);
+        EXPECT_EQ(q.grad().data_ptr(), qdata);
+        EXPECT_FALSE(p.grad().is_contiguous());
+    }
     EXPECT_TRUE(p.grad().allclose(pattern * mean_of_ranks(1)));
+    EXPECT_TRUE(q.grad().allclose(torch::full({3}, mean_of_ranks(1), torch::kFloat64)));
+  }
 }
 
 TEST(TorchAvgGrads, BucketCapSmallerThanTensors) {
-    for (std::size_t cap : {std::size_t{0}, std::size_t{8}, std::size_t{40}, std::size_t{25} << 20}) {
+    for (const auto& plan : plans()) {
         torch::nn::Sequential m(torch::nn::Linear(4, 6), torch::nn::Linear(6, 2));
         m[1]->to(torch::kFloat64);  // two wire dtypes interleaved with buckets
         auto params = m->parameters();
         for (std::size_t i = 0; i < params.size(); ++i)
             params[i].mutable_grad() = torch::full_like(params[i], (i + 1.0) * (rank() + 1));
-        mpiml::mpi_avg_grads(m, mpiml::AvgGradsOptions{cap});
+        mpiml::mpi_avg_grads(m, plan);
         for (std::size_t i = 0; i < params.size(); ++i)
-            EXPECT_TRUE(params[i].grad().equal(torch::full_like(params[i], mean_of_ranks(i + 1.0))))
-                << "cap " << cap << " param " << i;
+            EXPECT_TRUE(params[i].grad().allclose(torch::full_like(params[i], mean_of_ranks(i + 1.0))))
+                << plan_name(plan) << " param " << i;
     }
+}
+
+TEST(TorchAvgGrads, GradientViewsSurviveEveryZeroGrad) {
+    if (size() == 1) GTEST_SKIP() << "one rank: no-op";
+    Net net = make_net(7, torch::kFloat32);
+    torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-3));
+    mpiml::AvgGradsOptions views;
+    views.gradient_as_bucket_view = true;
+    const auto x = torch::full({4, 5}, rank() + 1.0);
+    auto step = [&](int zero_mode) {
+        if (zero_mode == 0) opt.zero_grad();          // in place
+        else if (zero_mode == 1) net->zero_grad();    // detach + zero
+        else net->zero_grad(/*set_to_none=*/true);    // fresh gradients
+        net(x).sum().backward();
+        // Expected: the mean of every rank's own gradient.
+        std::vector<torch::Tensor> own;
+        for (const auto& p : net->parameters()) own.push_back(p.grad().clone());
+        std::vector<torch::Tensor> want;
+        for (const auto& g : own) want.push_back(mpiml::mpi_avg(g));
+        mpiml::mpi_avg_grads(net, views);
+        const auto params = net->parameters();
+        for (std::size_t i = 0; i < params.size(); ++i)
+            EXPECT_TRUE(params[i].grad().allclose(want[i], 1e-6, 1e-6)) << "param " << i;
+    };
+    step(0);  // gradients move into the bucket
+    std::vector<const void*> where;
+    for (const auto& p : net->parameters()) where.push_back(p.grad().data_ptr());
+    for (int mode : {0, 1, 0}) {
+        step(mode);  // backward accumulated into the bucket: same memory
+        const auto params = net->parameters();
+        for (std::size_t i = 0; i < params.size(); ++i)
+            EXPECT_EQ(params[i].grad().data_ptr(), where[i]) << "mode " << mode << " param " << i;
+    }
+    step(2);  // set_to_none: new gradients, still averaged
+    step(0);
 }
 
 TEST(TorchAvgGrads, SparseGradientBecomesDenseAverage) {
     torch::nn::Embedding emb(torch::nn::EmbeddingOptions(4, 2).sparse(true));
+  for (const auto& plan : {mpiml::AvgGradsOptions{}, mpiml::AvgGradsOptions{0}}) {
+    SCOPED_TRACE(plan_name(plan));
+    emb->weight.mutable_grad().reset();
     emb(torch::tensor({int64_t(rank() % 4)})).sum().backward();
     ASSERT_TRUE(emb->weight.grad().is_sparse());
-    mpiml::mpi_avg_grads(emb);
+    mpiml::mpi_avg_grads(emb, plan);
     const auto g = emb->weight.grad();
     if (size() > 1) ASSERT_FALSE(g.is_sparse());  // one rank: untouched
     auto want = torch::zeros({4, 2});
     for (int r = 0; r < size(); ++r) want[r % 4] += 1.0 / size();
     EXPECT_TRUE(g.to_dense().allclose(want));
+  }
 }
 
 TEST(TorchAvgGrads, OneRankIsANoOp) {

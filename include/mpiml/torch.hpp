@@ -49,6 +49,8 @@ void sync_params(const std::shared_ptr<M>& module, int root = 0, Comm comm = {})
 struct AvgGradsOptions {
     /// Gradients are packed into buckets of at most this many bytes, one
     /// allreduce per bucket (a larger tensor gets a bucket of its own).
+    /// That larger tensor is reduced in its own memory when it is contiguous
+    /// and its dtype travels as is (float32, float64, complex): no copy.
     std::size_t bucket_cap_bytes = 25u << 20;
     /// Gradients live in node-shared buckets (as PyTorch DDP's
     /// gradient_as_bucket_view): the first call moves each float32, float64
@@ -66,7 +68,8 @@ struct AvgGradsOptions {
 /// appearance, module order within, so every rank issues the same collectives
 /// and results are reproducible. The sum is divided by the number of ranks.
 /// - dtype is preserved; float16 and bfloat16 are summed in float32 and
-///   converted back; integer and bool parameters (no gradients) are skipped.
+///   converted back. Parameters that do not require grad, and integer or bool
+///   parameters, are skipped (as DDP does).
 /// - An undefined gradient counts as zeros on that rank and becomes defined;
 ///   a gradient undefined on every rank stays undefined (as in one process).
 /// - Non-contiguous, sparse (becomes dense) and non-CPU gradients work.
