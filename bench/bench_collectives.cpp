@@ -1,8 +1,9 @@
 // OSU-style allreduce and broadcast sweep (mpiml vs raw MPI), a single-core
-// memcpy calibration at every size, and mpi_statistics_scalar.
+// memcpy calibration at every size, the cost of first-touching fresh memory
+// (page faults), and mpi_statistics_scalar.
 //
 //   mpirun -np 2 bench_collectives [--min-bytes=4] [--max-bytes=67108864] [--step=2]
-//       [--rounds=7] [--round-ms=20] [--parts=sweep,stats]
+//       [--rounds=7] [--round-ms=20] [--parts=sweep,pagefault,stats]
 //       [--stats-sizes=1000,1000000]
 //
 // Rank 0 prints JSON lines (see bench_common.hpp for the timing protocol).
@@ -18,6 +19,9 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 namespace {
 
@@ -88,6 +92,35 @@ void sweep(std::size_t min_bytes, std::size_t max_bytes, std::size_t step,
     }
 }
 
+// Page faults: what a buffer allocated fresh for every call costs (glibc
+// maps allocations of 32 MiB and more anew each time). mmap, touch every
+// page, munmap, on rank 0.
+void pagefault(const bench::Protocol& proto) {
+    constexpr std::size_t bytes = 16u << 20;
+    const long page = sysconf(_SC_PAGESIZE);
+    std::vector<bench::Variant> v = {
+        {"first_touch",
+         [&] {
+             void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                            -1, 0);
+             if (p == MAP_FAILED) std::abort();
+             auto* c = static_cast<volatile char*>(p);
+             for (std::size_t i = 0; i < bytes; i += static_cast<std::size_t>(page)) c[i] = 1;
+             munmap(p, bytes);
+         },
+         true},
+    };
+    const auto t = bench::measure(v, proto);
+    if (bench::rank() != 0) return;
+    const double pages = static_cast<double>(bytes) / static_cast<double>(page);
+    bench::timing_json("calibration", "page_fault", t[0])
+        .add("bytes", bytes)
+        .add("page_bytes", page)
+        .add("us_per_page", t[0].median_us / pages)
+        .add("ms_per_100MB", t[0].median_us / static_cast<double>(bytes) * 1e8 / 1e3)
+        .print();
+}
+
 // The seed's algorithm (mean, then squared deviations, two float32
 // allreduces) in C++ with raw MPI: separates the language from the algorithm.
 std::pair<double, double> seed_statistics_raw(const std::vector<float>& x) {
@@ -135,7 +168,7 @@ int main(int argc, char** argv) {
     const auto max_bytes =
         static_cast<std::size_t>(std::stod(bench::arg(argc, argv, "max-bytes", "67108864")));
     const auto step = static_cast<std::size_t>(std::stoi(bench::arg(argc, argv, "step", "2")));
-    const std::string parts = bench::arg(argc, argv, "parts", "sweep,stats");
+    const std::string parts = bench::arg(argc, argv, "parts", "sweep,pagefault,stats");
     if (bench::rank() == 0) {
         char version[MPI_MAX_LIBRARY_VERSION_STRING];
         int len = 0;
@@ -145,6 +178,7 @@ int main(int argc, char** argv) {
         bench::Json().add("suite", "meta").add("mpi_library_version", v).print();
     }
     if (parts.find("sweep") != std::string::npos) sweep(min_bytes, max_bytes, step, proto);
+    if (parts.find("pagefault") != std::string::npos) pagefault(proto);
     if (parts.find("stats") != std::string::npos)
         statistics(parse_list(bench::arg(argc, argv, "stats-sizes", "1000,1000000")), proto);
     return 0;

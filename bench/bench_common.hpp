@@ -3,8 +3,9 @@
 //   1. warm-up and estimate: every variant runs once, then in batches of 1,
 //      2, 4, ... calls, each call timed alone, until at least 8 calls and one
 //      round's time have passed (or four rounds' time: slow calls); the
-//      estimate is the slowest rank's fastest call (so that a stall during
-//      warm-up does not shrink the rounds); iterations per round = round
+//      estimate is the slowest rank's median call (so that a stall during
+//      warm-up does not shrink the rounds, while a machine that is slow most
+//      of the time does not stretch them); iterations per round = round
 //      target / estimate, clamped to [1, max];
 //   2. rounds (fewer, but at least 3, when they would exceed the time
 //      budget): each round runs every variant (order rotated round by round
@@ -90,21 +91,28 @@ inline double time_calls(const Variant& v, long n) {
     return (MPI_Wtime() - t0) / static_cast<double>(n);
 }
 
-/// Warm-up batch of n calls, each timed alone: {fastest call, total} on this
-/// rank ({0, 0} on idle ranks).
-inline std::pair<double, double> warm_calls(const Variant& v, long n) {
+/// Warm-up batch of n calls, each timed alone: appends the call times on
+/// this rank to `times` (nothing on idle ranks) and returns their total.
+inline double warm_calls(const Variant& v, long n, std::vector<double>& times) {
     MPI_Barrier(MPI_COMM_WORLD);
-    if (v.rank0_only && rank() != 0) return {0.0, 0.0};
-    double best = 1e300, total = 0.0;
+    if (v.rank0_only && rank() != 0) return 0.0;
+    double total = 0.0;
     for (long i = 0; i < n; ++i) {
         const double t0 = MPI_Wtime();
         v.fn();
         const double dt = MPI_Wtime() - t0;
-        best = std::min(best, dt);
+        times.push_back(dt);
         total += dt;
         if (v.barrier_each) MPI_Barrier(MPI_COMM_WORLD);
     }
-    return {best, total};
+    return total;
+}
+
+inline double median(std::vector<double> s) {
+    if (s.empty()) return 0.0;
+    std::sort(s.begin(), s.end());
+    const std::size_t m = s.size();
+    return m % 2 ? s[m / 2] : 0.5 * (s[m / 2 - 1] + s[m / 2]);
 }
 
 inline std::vector<Timing> measure(const std::vector<Variant>& variants, const Protocol& p = {}) {
@@ -112,20 +120,20 @@ inline std::vector<Timing> measure(const std::vector<Variant>& variants, const P
     std::vector<long> iters(nv);
     double round_cost = 0.0;  // seconds of one round, all variants
     for (std::size_t i = 0; i < nv; ++i) {
-        warm_calls(variants[i], 1);
-        double best = 1e300, spent = 0.0;
+        std::vector<double> times;
+        warm_calls(variants[i], 1, times);
+        times.clear();
+        double spent = 0.0;
         long calls = 0;
         // spent is the same on every rank, so every rank leaves at the same n.
         for (long n = 1;; n *= 2) {
-            const auto [b, total] = warm_calls(variants[i], n);
-            best = std::min(best, b);
-            spent += max_over_ranks(total);
+            spent += max_over_ranks(warm_calls(variants[i], n, times));
             calls += n;
             if ((calls >= 8 && spent >= p.round_seconds) || spent >= 4 * p.round_seconds ||
                 calls >= p.max_iters)
                 break;
         }
-        const double est = std::max(max_over_ranks(best), 1e-9);
+        const double est = std::max(max_over_ranks(median(times)), 1e-9);
         iters[i] = std::clamp(static_cast<long>(p.round_seconds / est), p.min_iters, p.max_iters);
         round_cost += static_cast<double>(iters[i]) * est;
     }
@@ -139,11 +147,8 @@ inline std::vector<Timing> measure(const std::vector<Variant>& variants, const P
         }
     std::vector<Timing> out;
     for (std::size_t i = 0; i < nv; ++i) {
-        auto s = samples[i];
-        std::sort(s.begin(), s.end());
-        const std::size_t m = s.size();
-        const double med = m % 2 ? s[m / 2] : 0.5 * (s[m / 2 - 1] + s[m / 2]);
-        out.push_back({variants[i].name, iters[i], rounds, med * 1e6, s.front() * 1e6});
+        const double lo = *std::min_element(samples[i].begin(), samples[i].end());
+        out.push_back({variants[i].name, iters[i], rounds, median(samples[i]) * 1e6, lo * 1e6});
     }
     return out;
 }

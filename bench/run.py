@@ -404,6 +404,23 @@ def sweep_table(results, n, bench, peer):
                                  max(ratios) if ratios else None)
 
 
+def calibration_text(results):
+    parts = []
+    m = [r for r in results if r.get("ranks") == 2 and r.get("bench") == "memcpy"]
+    if m:
+        big = max(m, key=lambda r: r["bytes"])
+        best = max(m, key=lambda r: r["algbw_GBps"])
+        parts.append("memcpy %s GB/s at %s, %s GB/s at best (%s, in cache)" % (
+            fmt_gbps(big["algbw_GBps"]), fmt_bytes(big["bytes"]), fmt_gbps(best["algbw_GBps"]),
+            fmt_bytes(best["bytes"])))
+    pf = find(results, 2, "calibration", "page_fault", "first_touch")
+    if pf:
+        parts.append("first touch of freshly mapped memory %.1f µs per %d-byte page, i.e. "
+                     "%.0f ms per 100 MB" % (pf["us_per_page"], pf["page_bytes"],
+                                             pf["ms_per_100MB"]))
+    return "; ".join(parts) or "n/a"
+
+
 def render(data):
     meta, results = data["meta"], data["results"]
     m, s = meta["machine"], meta["software"]
@@ -427,6 +444,7 @@ def render(data):
         ["Python peers", "Python %s, mpi4py %s, NumPy %s, PyTorch %s" % (
             s.get("python", "?"), s.get("mpi4py", "?"), s.get("numpy", "?"),
             s.get("torch_python", "?"))],
+        ["Calibration (rank 0, one core)", calibration_text(results)],
         ["Load average (1 min) before / after", "%.2f / %.2f%s" % (
             meta["loadavg"][0], meta["loadavg"][1],
             ", jobs at niceness %d" % meta["nice"] if meta.get("nice") else "")],

@@ -7,31 +7,73 @@
 
 namespace mpiml::detail {
 
-Moments local_moments(const double* x, std::size_t n) {
+namespace {
+
+// Two passes: the mean, then squared deviations from it (stable for values
+// with a large common offset), corrected for the rounding error of the mean
+// (compensated two-pass). Each pass keeps `lanes` independent accumulators
+// so that it is not one long chain of dependent additions (and vectorizes);
+// float input is widened element by element, never copied.
+template <class T>
+Moments moments(const T* x, std::size_t n) {
+    constexpr std::size_t lanes = 8;
+    constexpr double inf = std::numeric_limits<double>::infinity();
     Moments m;
     m.count = n;
-    m.min = std::numeric_limits<double>::infinity();
-    m.max = -std::numeric_limits<double>::infinity();
+    m.min = inf;
+    m.max = -inf;
     if (n == 0) return m;
-    // Two passes: the mean, then squared deviations from it (stable for
-    // values with a large common offset).
-    double sum = 0.0;
-    for (std::size_t i = 0; i < n; ++i) {
-        sum += x[i];
-        m.min = std::min(m.min, x[i]);
-        m.max = std::max(m.max, x[i]);
+    const std::size_t body = n - n % lanes;
+
+    double sum[lanes] = {}, lo[lanes], hi[lanes];
+    std::fill(lo, lo + lanes, inf);
+    std::fill(hi, hi + lanes, -inf);
+    for (std::size_t i = 0; i < body; i += lanes)
+        for (std::size_t k = 0; k < lanes; ++k) {
+            const double v = static_cast<double>(x[i + k]);
+            sum[k] += v;
+            lo[k] = v < lo[k] ? v : lo[k];  // as std::min: a NaN is never taken
+            hi[k] = hi[k] < v ? v : hi[k];
+        }
+    double total = 0.0;
+    for (std::size_t k = 0; k < lanes; ++k) {
+        total += sum[k];
+        m.min = std::min(m.min, lo[k]);
+        m.max = std::max(m.max, hi[k]);
     }
-    m.mean = sum / static_cast<double>(n);
+    for (std::size_t i = body; i < n; ++i) {
+        const double v = static_cast<double>(x[i]);
+        total += v;
+        m.min = std::min(m.min, v);
+        m.max = std::max(m.max, v);
+    }
+    m.mean = total / static_cast<double>(n);
+
+    double sq[lanes] = {}, dev[lanes] = {};
+    for (std::size_t i = 0; i < body; i += lanes)
+        for (std::size_t k = 0; k < lanes; ++k) {
+            const double d = static_cast<double>(x[i + k]) - m.mean;
+            sq[k] += d * d;
+            dev[k] += d;
+        }
     double m2 = 0.0, comp = 0.0;
-    for (std::size_t i = 0; i < n; ++i) {
-        const double d = x[i] - m.mean;
+    for (std::size_t k = 0; k < lanes; ++k) {
+        m2 += sq[k];
+        comp += dev[k];
+    }
+    for (std::size_t i = body; i < n; ++i) {
+        const double d = static_cast<double>(x[i]) - m.mean;
         m2 += d * d;
         comp += d;
     }
-    // Correct for the rounding error of the mean (compensated two-pass).
     m.m2 = std::max(0.0, m2 - comp * comp / static_cast<double>(n));
     return m;
 }
+
+}  // namespace
+
+Moments local_moments(const double* x, std::size_t n) { return moments(x, n); }
+Moments local_moments(const float* x, std::size_t n) { return moments(x, n); }
 
 Moments combine(const Moments& a, const Moments& b) {
     if (a.count == 0) return b;

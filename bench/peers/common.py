@@ -3,7 +3,7 @@ the benchmark models and JSON-line output.
 
 The protocol: every variant runs once, then in batches of 1, 2, 4, ... calls,
 each call timed alone, until at least 8 calls and one round's time have passed
-(or four rounds' time: slow calls); the estimate is the slowest rank's fastest
+(or four rounds' time: slow calls); the estimate is the slowest rank's median
 call; iterations per round = round target / estimate, clamped to [1, max].
 Then rounds (fewer, at least 3, when they would exceed the time budget): each
 round runs every variant (order rotated round by round), each as barrier,
@@ -46,19 +46,19 @@ def _time_calls(comm, v, n):
     return (time.perf_counter() - t0) / n
 
 
-def _warm_calls(comm, v, n):
-    """n calls, each timed alone: (fastest, total) on this rank."""
+def _warm_calls(comm, v, n, times):
+    """n calls, each timed alone: appends them to times, returns the total."""
     comm.barrier()
-    best, total = float("inf"), 0.0
+    total = 0.0
     for _ in range(n):
         t0 = time.perf_counter()
         v.fn()
         dt = time.perf_counter() - t0
-        best = min(best, dt)
+        times.append(dt)
         total += dt
         if v.barrier_each:
             comm.barrier()
-    return best, total
+    return total
 
 
 def measure(comm, variants, rounds=7, round_seconds=0.02, min_iters=1, max_iters=20000,
@@ -67,18 +67,16 @@ def measure(comm, variants, rounds=7, round_seconds=0.02, min_iters=1, max_iters
     iters = []
     round_cost = 0.0
     for v in variants:
-        _warm_calls(comm, v, 1)
-        best, spent, calls, n = float("inf"), 0.0, 0, 1
+        _warm_calls(comm, v, 1, [])
+        times, spent, calls, n = [], 0.0, 0, 1
         while True:  # spent is the same on every rank: all leave together
-            b, total = _warm_calls(comm, v, n)
-            best = min(best, b)
-            spent += comm.max(total)
+            spent += comm.max(_warm_calls(comm, v, n, times))
             calls += n
             if (calls >= 8 and spent >= round_seconds) or spent >= 4 * round_seconds \
                     or calls >= max_iters:
                 break
             n *= 2
-        est = max(comm.max(best), 1e-9)
+        est = max(comm.max(float(np.median(times))), 1e-9)
         iters.append(int(min(max(round_seconds / est, min_iters), max_iters)))
         round_cost += iters[-1] * est
     rounds = int(min(max(budget_seconds / round_cost, min(3, rounds)), rounds))

@@ -29,6 +29,8 @@ struct Moments {
     double max = 0.0;
 };
 Moments local_moments(const double* x, std::size_t n);
+Moments local_moments(const float* x, std::size_t n);
+/// Other element types: converted to double first.
 template <class T>
 Moments local_moments(const T* x, std::size_t n);
 /// Chan et al.'s pairwise combination.
