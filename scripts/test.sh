@@ -65,7 +65,7 @@ stage "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 asan=$root/build-asan
 if cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DMPIML_SANITIZE=ON -DMPIML_WITH_TORCH=OFF \
      -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF > "$asan-configure.log" 2>&1 &&
-   cmake --build "$asan" -j"$(nproc)" --target test_core test_stats test_errors test_profile profile_env_child > "$asan-build.log" 2>&1; then
+   cmake --build "$asan" -j"$(nproc)" --target test_core test_stats test_errors test_profile profile_env_child check_profile > "$asan-build.log" 2>&1; then
   # Full stacks (the MPI libraries have no frame pointers) and loaded MCA
   # components, so that the suppressions can tell the MPI runtime's
   # allocations from mpiml's.

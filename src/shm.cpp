@@ -61,6 +61,15 @@ constexpr std::size_t kLine = 64;     // slice alignment, bytes
 constexpr std::size_t kHeader = 128;  // flag line (+ the adjacent line)
 constexpr std::size_t kBlock = 4096;  // reduction block, bytes (stays in L1)
 
+// MPI_Win_allocate_shared guarantees no alignment (Open MPI's segments can be
+// 8 mod 16), so windows are kLine bytes larger and every segment is used
+// from its first kLine-aligned byte. Pages map at the same offsets in every
+// process, so all ranks agree on the adjustment.
+char* align_line(void* p) {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    return static_cast<char*>(p) + (kLine - a % kLine) % kLine;
+}
+
 // ------------------------------------------------------------ configuration
 
 std::size_t parse_bytes(const char* name, const char* v) {
@@ -504,7 +513,7 @@ std::shared_ptr<ShmContext> create_context(MPI_Comm comm, const char* call) {
     c->chunk = cfg.chunk;
     void* base = nullptr;
     MPI_Info info = noncontig_info();
-    const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(kHeader + 2 * c->chunk), 1, info,
+    const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(kLine + kHeader + 2 * c->chunk), 1, info,
                                            c->node, &base, &c->win);
     MPI_Info_free(&info);
     check_mpi(rc, call);
@@ -517,8 +526,9 @@ std::shared_ptr<ShmContext> create_context(MPI_Comm comm, const char* call) {
         int disp = 0;
         void* ptr = nullptr;
         check_mpi(MPI_Win_shared_query(c->win, q, &sz, &disp, &ptr), call);
-        c->flag[q] = static_cast<std::uint64_t*>(ptr);
-        c->data[q] = static_cast<char*>(ptr) + kHeader;
+        char* const seg = align_line(ptr);
+        c->flag[q] = reinterpret_cast<std::uint64_t*>(seg);
+        c->data[q] = seg + kHeader;
     }
     std::atomic_ref<std::uint64_t>(*c->flag[c->node_rank]).store(0, std::memory_order_release);
     check_mpi(MPI_Barrier(c->node), call);
@@ -716,7 +726,7 @@ SharedBucket::SharedBucket(std::size_t bytes, Comm comm) {
                                " to " + std::to_string(range[0]) + " bytes)");
     ctx_ = detail::context(comm_, call);
     bytes_ = bytes;
-    const std::size_t alloc = std::max<std::size_t>(detail::kLine, (bytes + 63) / 64 * 64);
+    const std::size_t alloc = detail::kLine + std::max<std::size_t>(detail::kLine, (bytes + 63) / 64 * 64);
     MPI_Info info = detail::noncontig_info();
     void* base = nullptr;
     const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(alloc), 1, info, ctx_->node,
@@ -725,12 +735,13 @@ SharedBucket::SharedBucket(std::size_t bytes, Comm comm) {
     detail::check_mpi(rc, call);
     MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN);
     detail::check_mpi(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_), call);
-    data_ = base;
+    data_ = detail::align_line(base);
     peers_ = std::make_unique<void*[]>(static_cast<std::size_t>(ctx_->node_size));
     for (int q = 0; q < ctx_->node_size; ++q) {
         MPI_Aint sz = 0;
         int disp = 0;
         detail::check_mpi(MPI_Win_shared_query(win_, q, &sz, &disp, &peers_[q]), call);
+        peers_[q] = detail::align_line(peers_[q]);
     }
     id_ = detail::next_bucket_id++;
     detail::bucket_windows()[id_] = win_;

@@ -41,7 +41,7 @@ if(NOT epochs EQUAL 6)
 endif()
 execute_process(COMMAND ${CHECK} ${DIR} 2 epoch compute --inside epoch:allreduce RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "check_profile failed")
+  message(FATAL_ERROR "check_profile ${CHECK} exited with ${rc}")
 endif()
 
 # mpi_fork from a process that initialized MPI (and so started profiling):
