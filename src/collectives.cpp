@@ -233,13 +233,14 @@ void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype typ
     }
     CollectiveScope scope({Kind::allreduce, call, count, type, op_id(op), -1, comm});
     if (shm_allreduce(send, recv, count, type, bytes, op, comm, call)) return;
+    const MPI_Op native = mpi_op_for(type, op);
     std::size_t done = 0;
     do {
         const std::size_t n = std::min(count - done, max_chunk);
         const void* s = send == MPI_IN_PLACE ? MPI_IN_PLACE
                                              : static_cast<const char*>(send) + done * tsize;
         void* r = static_cast<char*>(recv) + done * tsize;
-        check_mpi(MPI_Allreduce(s, r, static_cast<int>(n), type, op.native(), comm), call);
+        check_mpi(MPI_Allreduce(s, r, static_cast<int>(n), type, native, comm), call);
         done += n;
     } while (done < count);
 }

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -49,7 +50,13 @@ void print_backtrace() {
 }
 
 [[noreturn]] void abort_mpi(int code) {
-    if (is_initialized() && !is_finalized()) MPI_Abort(MPI_COMM_WORLD, code);
+    if (is_initialized() && !is_finalized()) {
+        // Give the launcher time to forward what this rank and its peers just
+        // wrote: MPICH's Hydra drops output still in its pipes once a rank aborts.
+        const timespec pause{0, 200'000'000};
+        ::nanosleep(&pause, nullptr);
+        MPI_Abort(MPI_COMM_WORLD, code);
+    }
     ::_exit(code);
 }
 
@@ -71,12 +78,24 @@ std::string current_exception_text() {
     }
 }
 
+void print_abort_line(std::string_view what) {
+    char prefix[64];
+    const std::size_t n = format_prefix(prefix, sizeof prefix);
+    std::string line(prefix, std::min(n, sizeof prefix - 1));
+    line.append(what);
+    line += " - aborting the job\n";
+    std::fflush(stdout);
+    write_all(line.data(), line.size());
+}
+
 void on_terminate() {
     static std::once_flag once;
     std::call_once(once, [] {
-        const std::string what = current_exception_text();
+        // The line first: once a peer aborts, the launcher may kill this
+        // process before a long backtrace is out.
+        print_abort_line(current_exception_text());
         print_backtrace();
-        abort_job(what, 1);
+        abort_mpi(1);
     });
     ::_exit(1);
 }
@@ -126,13 +145,7 @@ void install_failure_handlers() {
 }
 
 void abort_job(std::string_view what, int code) {
-    char prefix[64];
-    const std::size_t n = format_prefix(prefix, sizeof prefix);
-    std::string line(prefix, std::min(n, sizeof prefix - 1));
-    line.append(what);
-    line += " - aborting the job\n";
-    std::fflush(stdout);
-    write_all(line.data(), line.size());
+    print_abort_line(what);
     abort_mpi(code == 0 ? 1 : code);
 }
 

@@ -161,26 +161,35 @@ std::vector<std::string> split_words(const char* s) {
     return out;
 }
 
+LauncherKind kind_of(const std::string& launcher, const std::vector<std::string>& env) {
+    const std::string version = capture({launcher, "--version"}, env);
+    if (version.find("Open MPI") != std::string::npos || version.find("OpenRTE") != std::string::npos)
+        return LauncherKind::open_mpi;
+    if (version.find("HYDRA") != std::string::npos || version.find("MPICH") != std::string::npos)
+        return LauncherKind::mpich;
+    return LauncherKind::unknown;
+}
+
+// The MPI this program is linked against (callable before MPI_Init).
+LauncherKind linked_kind() {
+    char v[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+    int len = 0;
+    if (MPI_Get_library_version(v, &len) != MPI_SUCCESS) return LauncherKind::unknown;
+    const std::string s(v, static_cast<std::size_t>(len));
+    if (s.find("Open MPI") != std::string::npos) return LauncherKind::open_mpi;
+    if (s.find("MPICH") != std::string::npos) return LauncherKind::mpich;
+    return LauncherKind::unknown;
+}
+
+const char* kind_name(LauncherKind k) {
+    return k == LauncherKind::open_mpi ? "Open MPI" : k == LauncherKind::mpich ? "MPICH" : "an unknown MPI";
+}
+
 }  // namespace
 
 LaunchPlan plan_fork(int n, bool bind_to_core) {
     if (n < 1) fail(call_name, "n must be at least 1, got " + std::to_string(n));
     LaunchPlan plan;
-    const char* override_launcher = std::getenv("MPIML_MPIRUN");
-    if (override_launcher && *override_launcher) {
-        plan.launcher = find_in_path(override_launcher);
-        if (plan.launcher.empty())
-            fail(call_name, std::string("MPIML_MPIRUN='") + override_launcher +
-                                "' is not an executable file");
-    } else {
-        for (const char* name : {"mpirun", "mpiexec"})
-            if (plan.launcher.empty()) plan.launcher = find_in_path(name);
-        if (plan.launcher.empty())
-            fail(call_name,
-                 "no MPI launcher found (mpirun or mpiexec on PATH): install openmpi-bin or "
-                 "mpich, or set MPIML_MPIRUN to the launcher's path");
-    }
-
     for (auto& kv : environ_now())
         if (!is_runtime_var(kv)) plan.env.push_back(kv);
     for (const char* name : {"IN_MPI", "OMP_NUM_THREADS", "MKL_NUM_THREADS"})
@@ -189,11 +198,50 @@ LaunchPlan plan_fork(int n, bool bind_to_core) {
     plan.env.emplace_back("OMP_NUM_THREADS=1");
     plan.env.emplace_back("MKL_NUM_THREADS=1");
 
-    const std::string version = capture({plan.launcher, "--version"}, plan.env);
-    if (version.find("Open MPI") != std::string::npos || version.find("OpenRTE") != std::string::npos)
-        plan.kind = LauncherKind::open_mpi;
-    else if (version.find("HYDRA") != std::string::npos || version.find("MPICH") != std::string::npos)
-        plan.kind = LauncherKind::mpich;
+    const char* override_launcher = std::getenv("MPIML_MPIRUN");
+    if (override_launcher && *override_launcher) {
+        plan.launcher = find_in_path(override_launcher);
+        if (plan.launcher.empty())
+            fail(call_name, std::string("MPIML_MPIRUN='") + override_launcher +
+                                "' is not an executable file");
+        plan.kind = kind_of(plan.launcher, plan.env);
+    } else {
+        // With several MPIs installed, `mpirun` may be another MPI's launcher,
+        // whose ranks would each start alone as rank 0 of 1: prefer the
+        // launcher of the MPI this program is linked against.
+        const LauncherKind linked = linked_kind();
+        std::vector<const char*> names;
+        if (linked == LauncherKind::open_mpi) names = {"mpirun.openmpi", "mpiexec.openmpi"};
+        if (linked == LauncherKind::mpich) names = {"mpiexec.mpich", "mpirun.mpich", "mpiexec.hydra"};
+        names.insert(names.end(), {"mpirun", "mpiexec"});
+        std::string first;
+        LauncherKind first_kind = LauncherKind::unknown;
+        for (const char* name : names) {
+            const std::string path = find_in_path(name);
+            if (path.empty()) continue;
+            const LauncherKind k = kind_of(path, plan.env);
+            if (first.empty()) first = path, first_kind = k;
+            if (linked == LauncherKind::unknown || k == linked) {
+                plan.launcher = path;
+                plan.kind = k;
+                break;
+            }
+        }
+        if (plan.launcher.empty() && first.empty())
+            fail(call_name,
+                 "no MPI launcher found (mpirun or mpiexec on PATH): install openmpi-bin or "
+                 "mpich, or set MPIML_MPIRUN to the launcher's path");
+        if (plan.launcher.empty()) {
+            if (first_kind != LauncherKind::unknown)
+                fail(call_name, std::string("this program is linked against ") + kind_name(linked) +
+                                    " but the only launcher found, " + first + ", is " +
+                                    kind_name(first_kind) +
+                                    "'s (its ranks would each run alone); set MPIML_MPIRUN to " +
+                                    kind_name(linked) + "'s launcher");
+            plan.launcher = first;
+            plan.kind = first_kind;
+        }
+    }
 
     auto& a = plan.argv;
     a.push_back(plan.launcher);

@@ -826,7 +826,7 @@ void SharedBucket::reduce(std::size_t count, MPI_Datatype type, TypeClass, const
                            op.known() ? static_cast<int>(*op.known()) : 99, -1, comm_});
     ShmContext& c = *ctx_;
     if (!op.known() || config_ref().mode == shm::Mode::off) {
-        check_mpi(MPI_Allreduce(MPI_IN_PLACE, data_, static_cast<int>(count), type, op.native(),
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, data_, static_cast<int>(count), type, mpi_op_for(type, op),
                                 comm_),
                   call);
         if (average && c.size > 1) k.divide(data_, count, c.size);

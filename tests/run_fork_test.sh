@@ -49,6 +49,23 @@ out=$(MPIML_MPIRUN=/nonexistent/mpirun timeout 30 "$prog" 2 "$tmp/x" 0 2>&1); rc
 [ $rc -eq 3 ] && grep -q "MPIML_MPIRUN" <<<"$out" || fail "bad MPIML_MPIRUN: rc=$rc out=$out"
 out=$(/usr/bin/env -u MPIML_MPIRUN PATH=/nonexistent /usr/bin/timeout 30 "$prog" 2 "$tmp/x" 0 2>&1); rc=$?
 [ $rc -eq 3 ] && grep -q "no MPI launcher found" <<<"$out" || fail "no launcher: rc=$rc out=$out"
+# Default discovery: with both MPIs installed, the launcher matching the
+# linked MPI is chosen even when `mpirun` on PATH is the other one's; when
+# only the other one's exists, a clear error instead of N singleton ranks.
+if [ -x /usr/bin/mpirun.openmpi ] && [ -x /usr/bin/mpiexec.mpich ]; then
+  mkdir -p "$tmp/both" "$tmp/other"
+  if "${MPIML_MPIRUN:-mpirun}" --version 2>&1 | grep -Eq "Open MPI|OpenRTE"; then
+    own=/usr/bin/mpirun.openmpi; other=/usr/bin/mpiexec.mpich; own_name=mpirun.openmpi
+  else
+    own=/usr/bin/mpiexec.mpich; other=/usr/bin/mpirun.openmpi; own_name=mpiexec.mpich
+  fi
+  wrap() { printf '#!/bin/sh\nexec %s "$@"\n' "$1" > "$2"; chmod +x "$2"; }  # launchers find their helpers from their own path
+  wrap "$other" "$tmp/both/mpirun"; wrap "$own" "$tmp/both/$own_name"; wrap "$other" "$tmp/other/mpirun"
+  ( fails=0; unset MPIML_MPIRUN; PATH=$tmp/both:/usr/bin:/bin; check_case discovery 2 0 "${args[@]}"; exit $fails )
+  [ $? -eq 0 ] || fail "discovery with the other MPI's mpirun first on PATH"
+  out=$(/usr/bin/env -u MPIML_MPIRUN PATH="$tmp/other" /usr/bin/timeout 30 "$prog" 2 "$tmp/x" 0 2>&1); rc=$?
+  [ $rc -eq 3 ] && grep -q "linked against .* but the only launcher found" <<<"$out" || fail "other MPI's launcher only: rc=$rc out=$out"
+fi
 out=$(timeout 30 "$prog" -1 "$tmp/x" 0 2>&1); rc=$?
 [ $rc -eq 3 ] && grep -q "n must be" <<<"$out" || fail "n=-1: rc=$rc out=$out"
 

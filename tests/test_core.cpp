@@ -3,10 +3,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <complex>
 #include <cstdint>
+#include <limits>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -123,6 +126,63 @@ TEST(Core, RawMpiOpAccepted) {
     std::vector<double> w(1);
     mpiml::allreduce(v, w, MPI_MIN);
     EXPECT_EQ(w[0], 0.0);
+}
+
+// Integer ops through MPI itself (shared-memory path off) wrap like C and
+// order unsigned values as unsigned, although Open MPI 4.1 (AVX sums of 8/16-bit
+// types, MPI_UNSIGNED_LONG min/max) and MPICH 4.0 (unsigned min/max) do not.
+template <class T>
+void check_integer_ops_through_mpi() {
+    struct ShmOff {
+        mpiml::shm::Mode saved = mpiml::shm::config().mode;
+        ShmOff() { mpiml::shm::set_mode(mpiml::shm::Mode::off); }
+        ~ShmOff() { mpiml::shm::set_mode(saved); }
+    } off;
+    const int n = size();
+    constexpr T top = std::numeric_limits<T>::max();
+    using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+    std::vector<T> mine(300), got(300);
+    for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<T>(top - i % 5 - rank());
+    mpiml::allreduce(mine, got, mpiml::Op::sum);
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+        U want = 0;
+        for (int r = 0; r < n; ++r) want = static_cast<U>(want + static_cast<U>(static_cast<T>(top - i % 5 - r)));
+        ASSERT_EQ(got[i], static_cast<T>(want)) << "sum at " << i;
+    }
+    // A value with the top bit set on rank 0, small values elsewhere.
+    for (std::size_t i = 0; i < mine.size(); ++i)
+        mine[i] = rank() == 0 ? static_cast<T>(std::numeric_limits<T>::min() + i % 3)
+                              : static_cast<T>(rank() + i % 7);
+    if constexpr (std::is_unsigned_v<T>)
+        for (std::size_t i = 0; i < mine.size(); ++i)
+            if (rank() == 0) mine[i] = static_cast<T>(top - i % 3);
+    std::vector<T> lo(300), hi(300);
+    mpiml::allreduce(mine, lo, mpiml::Op::min);
+    mpiml::allreduce(mine, hi, mpiml::Op::max);
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+        T want_lo = mine[i], want_hi = mine[i];
+        for (int r = 0; r < n; ++r) {
+            const T v = r == 0 ? (std::is_unsigned_v<T> ? static_cast<T>(top - i % 3)
+                                                        : static_cast<T>(std::numeric_limits<T>::min() + i % 3))
+                               : static_cast<T>(r + i % 7);
+            want_lo = std::min(want_lo, v);
+            want_hi = std::max(want_hi, v);
+        }
+        ASSERT_EQ(lo[i], want_lo) << "min at " << i;
+        ASSERT_EQ(hi[i], want_hi) << "max at " << i;
+    }
+}
+
+TEST(Core, IntegerOpsExactThroughMpi) {
+    check_integer_ops_through_mpi<std::int8_t>();
+    check_integer_ops_through_mpi<unsigned char>();
+    check_integer_ops_through_mpi<short>();
+    check_integer_ops_through_mpi<unsigned short>();
+    check_integer_ops_through_mpi<int>();
+    check_integer_ops_through_mpi<unsigned>();
+    check_integer_ops_through_mpi<long>();
+    check_integer_ops_through_mpi<unsigned long>();
+    check_integer_ops_through_mpi<unsigned long long>();
 }
 
 TEST(Core, UserDefinedMpiOp) {

@@ -63,6 +63,10 @@ void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Co
 void allgather(const void* send, void* recv, std::size_t count, MPI_Datatype type,
                MPI_Comm comm, const char* call);
 void barrier(MPI_Comm comm, const char* call);
+/// The MPI_Op mpiml hands to MPI for type: op.native(), or mpiml's own
+/// implementation for an integer sum/prod/min/max that this MPI library
+/// computes wrongly (probed once per process with MPI_Reduce_local).
+MPI_Op mpi_op_for(MPI_Datatype type, const ReduceOp& op);
 
 template <class T>
 constexpr TypeClass type_class_of() {
