@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -275,15 +276,13 @@ std::string rank_list(const std::vector<int>& ranks) {
 /// root >= 0), in one small allreduce. On a mismatch, exchanges details and
 /// throws the same mpiml::Error on every rank, naming the first differing
 /// entry and the ranks that differ from the reference rank.
-void verify_same(const std::vector<std::string>& descs, int root, MPI_Comm comm,
+void verify_same(const std::vector<std::uint64_t>& hashes,
+                 const std::function<std::string(std::size_t)>& desc_of, int root, MPI_Comm comm,
                  const char* call) {
     std::uint64_t h = fnv_basis;
-    const std::int64_t header[2] = {root, static_cast<std::int64_t>(descs.size())};
+    const std::int64_t header[2] = {root, static_cast<std::int64_t>(hashes.size())};
     h = fnv1a(header, sizeof header, h);
-    for (const auto& d : descs) {
-        const std::uint64_t dh = hash_desc(d);
-        h = fnv1a(&dh, sizeof dh, h);
-    }
+    for (const std::uint64_t dh : hashes) h = fnv1a(&dh, sizeof dh, h);
     // max(h) and max(~h) = ~min(h) in one MPI_MAX reduction.
     std::uint64_t mm[2] = {h, ~h};
     detail::allreduce(MPI_IN_PLACE, mm, 2, MPI_UINT64_T, TypeClass::integer, Op::max, comm,
@@ -310,7 +309,7 @@ void verify_same(const std::vector<std::string>& descs, int root, MPI_Comm comm,
     std::size_t most = 0;
     for (int r = 0; r < size; ++r) most = std::max<std::size_t>(most, heads[2 * r + 1]);
     std::vector<std::uint64_t> mine(most, 0), all(most * usize);
-    for (std::size_t i = 0; i < descs.size(); ++i) mine[i] = hash_desc(descs[i]);
+    for (std::size_t i = 0; i < hashes.size(); ++i) mine[i] = hashes[i];
     if (most > 0) detail::allgather(mine.data(), all.data(), most, MPI_UINT64_T, comm, call);
 
     std::size_t first = most;
@@ -323,9 +322,9 @@ void verify_same(const std::vector<std::string>& descs, int root, MPI_Comm comm,
     if (first == most) detail::fail(call, "modules differ across ranks (hash mismatch)");
 
     // Every rank's description of entry `first`, padded to the longest.
-    const std::string own = first < descs.size()
-                                ? descs[first]
-                                : "nothing (only " + std::to_string(descs.size()) +
+    const std::string own = first < hashes.size()
+                                ? desc_of(first)
+                                : "nothing (only " + std::to_string(hashes.size()) +
                                       " parameters and buffers)";
     const std::uint64_t len = own.size();
     std::vector<std::uint64_t> lens(usize);
@@ -371,6 +370,14 @@ void verify_same(const std::vector<std::string>& descs, int root, MPI_Comm comm,
                 (groups[g].second.size() == 1 ? " has " : " have ") + groups[g].first;
     }
     detail::fail(call, what);
+}
+
+void verify_same(const std::vector<std::string>& descs, int root, MPI_Comm comm,
+                 const char* call) {
+    std::vector<std::uint64_t> hashes;
+    hashes.reserve(descs.size());
+    for (const auto& d : descs) hashes.push_back(hash_desc(d));
+    verify_same(hashes, [&](std::size_t i) { return descs[i]; }, root, comm, call);
 }
 
 // ------------------------------------------------------------ collection
@@ -428,12 +435,32 @@ std::vector<Named> list_entries(const std::vector<torch::Tensor>& tensors, const
 
 // ------------------------------------------------------------ sync_params
 
+// Tensors of at least this many bytes are broadcast on their own, in place
+// when contiguous; smaller ones are packed into buckets of at most kSyncBucket
+// bytes. Both depend on shapes and dtypes only, which every rank has verified
+// equal, so every rank issues the same broadcasts.
+constexpr std::size_t kSyncDirect = std::size_t{256} << 10;
+constexpr std::size_t kSyncBucket = std::size_t{4} << 20;
+
+/// hash_desc(describe(kind, name, t)) without building the string.
+std::uint64_t hash_entry(const Named& e) {
+    std::uint64_t h = fnv1a(e.kind, std::strlen(e.kind), fnv_basis);
+    h = fnv1a(e.name.data(), e.name.size(), h);
+    const std::int64_t meta[3] = {static_cast<std::int64_t>(e.tensor.scalar_type()),
+                                  static_cast<std::int64_t>(e.tensor.layout()), e.tensor.dim()};
+    h = fnv1a(meta, sizeof meta, h);
+    const auto sz = e.tensor.sizes();
+    h = fnv1a(sz.data(), sz.size() * sizeof(std::int64_t), h);
+    return h | 1u;
+}
+
 void sync_entries(const std::vector<Named>& entries, int root, MPI_Comm comm) {
     constexpr const char* call = "mpiml::sync_params";
-    std::vector<std::string> descs;
-    descs.reserve(entries.size());
-    for (const auto& e : entries) descs.push_back(describe(e.kind, e.name, e.tensor));
-    verify_same(descs, root, comm, call);  // throws on every rank or on none
+    std::vector<std::uint64_t> hashes;
+    hashes.reserve(entries.size());
+    for (const auto& e : entries) hashes.push_back(hash_entry(e));
+    verify_same(hashes, [&](std::size_t i) { return describe(entries[i].kind, entries[i].name, entries[i].tensor); },
+                root, comm, call);  // throws on every rank or on none
 
     // From here on every rank has the same dtypes and shapes, so every check
     // below fails on all ranks or on none.
@@ -454,45 +481,59 @@ void sync_entries(const std::vector<Named>& entries, int root, MPI_Comm comm) {
         if (std::find(order.begin(), order.end(), e.tensor.scalar_type()) == order.end())
             order.push_back(e.tensor.scalar_type());
 
+    thread_local Scratch scratch;
     for (const at::ScalarType s : order) {
-        std::vector<const at::Tensor*> group;
-        std::size_t numel = 0;
-        for (const auto& e : entries)
-            if (e.tensor.scalar_type() == s) {
-                group.push_back(&e.tensor);
-                numel += static_cast<std::size_t>(e.tensor.numel());
-            }
-        if (numel == 0) continue;  // same on every rank: shapes agree
         const auto [type, mult] = bcast_type(s);
         const std::size_t esize = c10::elementSize(s);
-
-        if (group.size() == 1 && plain(*group[0], s)) {  // no staging needed
-            detail::broadcast(group[0]->data_ptr(), numel * mult, type, root, comm, call);
-            if (!is_root) bump_version(*group[0]);
-            continue;
+        std::vector<const at::Tensor*> bucket;
+        std::size_t bucket_bytes = 0;
+        auto flush = [&] {
+            if (bucket.empty()) return;
+            auto* buf = static_cast<std::byte*>(scratch.get(bucket_bytes));
+            std::size_t off = 0;
+            if (is_root)
+                for (const at::Tensor* t : bucket) {
+                    const std::size_t nb = static_cast<std::size_t>(t->numel()) * esize;
+                    if (plain(*t, s)) std::memcpy(buf + off, t->data_ptr(), nb);
+                    else wire_view(buf + off, t->sizes(), s).copy_(*t);
+                    off += nb;
+                }
+            detail::broadcast(buf, bucket_bytes / esize * mult, type, root, comm, call);
+            if (!is_root)
+                for (const at::Tensor* t : bucket) {
+                    const std::size_t nb = static_cast<std::size_t>(t->numel()) * esize;
+                    if (plain(*t, s)) std::memcpy(t->data_ptr(), buf + off, nb);
+                    else t->copy_(wire_view(buf + off, t->sizes(), s));
+                    bump_version(*t);
+                    off += nb;
+                }
+            bucket.clear();
+            bucket_bytes = 0;
+        };
+        for (const auto& e : entries) {
+            const at::Tensor& t = e.tensor;
+            if (t.scalar_type() != s || t.numel() == 0) continue;
+            const std::size_t nb = static_cast<std::size_t>(t.numel()) * esize;
+            if (nb >= kSyncDirect) {
+                if (plain(t, s)) {
+                    detail::broadcast(t.data_ptr(), nb / esize * mult, type, root, comm, call);
+                    if (!is_root) bump_version(t);
+                } else {  // staged alone, through a contiguous copy
+                    at::Tensor tmp = at::empty(t.sizes(), at::TensorOptions().dtype(s));
+                    if (is_root) tmp.copy_(t);
+                    detail::broadcast(tmp.data_ptr(), nb / esize * mult, type, root, comm, call);
+                    if (!is_root) {
+                        t.copy_(tmp);
+                        bump_version(t);
+                    }
+                }
+                continue;
+            }
+            if (bucket_bytes + nb > kSyncBucket) flush();
+            bucket.push_back(&t);
+            bucket_bytes += nb;
         }
-        auto buf = std::make_unique_for_overwrite<std::byte[]>(numel * esize);
-        std::size_t off = 0;
-        if (is_root)
-            for (const at::Tensor* t : group) {
-                const auto n = static_cast<std::size_t>(t->numel());
-                if (plain(*t, s))
-                    std::memcpy(buf.get() + off * esize, t->data_ptr(), n * esize);
-                else
-                    wire_view(buf.get() + off * esize, t->sizes(), s).copy_(*t);
-                off += n;
-            }
-        detail::broadcast(buf.get(), numel * mult, type, root, comm, call);
-        if (!is_root)
-            for (const at::Tensor* t : group) {
-                const auto n = static_cast<std::size_t>(t->numel());
-                if (plain(*t, s))
-                    std::memcpy(t->data_ptr(), buf.get() + off * esize, n * esize);
-                else
-                    t->copy_(wire_view(buf.get() + off * esize, t->sizes(), s));
-                bump_version(*t);
-                off += n;
-            }
+        flush();
     }
 }
 

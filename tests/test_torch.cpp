@@ -174,6 +174,33 @@ TEST(TorchSync, TensorAndListOverloads) {
     EXPECT_EQ(list[4].item<float>(), 0.0f);
 }
 
+// Large tensors go on their own (in place when contiguous), small ones in
+// buckets of a few MiB: a mix exercising both, with distinct values per element.
+TEST(TorchSync, LargeTensorsAndManyBuckets) {
+    const int root = size() - 1;
+    auto values = [](torch::Tensor t, int r) {
+        torch::NoGradGuard no_grad;
+        t.copy_(torch::arange(t.numel(), torch::kFloat64).reshape(t.sizes()) * 0.5 + 1000.0 * r);
+    };
+    std::vector<torch::Tensor> list;
+    auto big = torch::empty({512, 600});                        // 1.2 MB, in place
+    auto big_t = torch::empty({700, 500}, torch::kFloat64).t();  // 2.8 MB, not contiguous
+    list.push_back(big);
+    list.push_back(big_t);
+    for (int i = 0; i < 90; ++i) list.push_back(torch::empty({200, 250}));  // 200 KB each: 18 MB
+    list.push_back(torch::empty({3}, torch::kInt32));
+    std::vector<torch::Tensor> want;
+    for (auto& t : list) {
+        values(t, root);
+        want.push_back(t.clone());
+        values(t, rank());
+    }
+    mpiml::sync_params(list, root);
+    for (std::size_t i = 0; i < list.size(); ++i)
+        ASSERT_TRUE(list[i].equal(want[i])) << "tensor " << i << " differs from rank " << root << "'s";
+    EXPECT_FALSE(big_t.is_contiguous());
+}
+
 // --------------------------------------------------------- mpi_avg_grads
 
 double mean_of_ranks(double per_rank_scale) {  // mean over r of scale * (r + 1)
