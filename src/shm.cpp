@@ -446,8 +446,21 @@ std::map<std::size_t, MPI_Win>& bucket_windows() {
 }
 std::size_t next_bucket_id = 0;
 
+// Per-thread cache of the last communicator's context: looking the attribute
+// up costs Open MPI a lock and a hash lookup on every call. Any context
+// deletion bumps the generation, so a freed (and possibly reused) handle is
+// never served from the cache.
+std::atomic<std::uint64_t> ctx_generation{0};
+struct ContextCache {
+    MPI_Comm comm = MPI_COMM_NULL;
+    ShmContext* ctx = nullptr;
+    std::uint64_t generation = ~std::uint64_t{0};
+};
+thread_local ContextCache ctx_cache;
+
 // Inside MPI_Finalize, in creation order on every rank (so collectively).
 void finalize_shm() {
+    ctx_generation.fetch_add(1, std::memory_order_acq_rel);
     for (auto& [id, w] : bucket_windows()) {
         MPI_Win_unlock_all(w);
         MPI_Win_free(&w);
@@ -459,6 +472,7 @@ void finalize_shm() {
 }
 
 int delete_ctx(MPI_Comm, int, void* value, void*) {
+    ctx_generation.fetch_add(1, std::memory_order_acq_rel);
     auto* holder = static_cast<std::shared_ptr<ShmContext>*>(value);
     (*holder)->release();
     delete holder;
@@ -558,6 +572,18 @@ std::shared_ptr<ShmContext> context(MPI_Comm comm, const char* call) {
         register_finalize_hook(&finalize_shm);
         hook_registered = true;
     }
+    return c;
+}
+
+bool usable_comm(MPI_Comm comm);
+
+// context(), through the per-thread cache; nullptr for an inter-communicator.
+ShmContext* cached_context(MPI_Comm comm, const char* call) {
+    const std::uint64_t gen = ctx_generation.load(std::memory_order_acquire);
+    if (ctx_cache.comm == comm && ctx_cache.generation == gen) return ctx_cache.ctx;
+    if (!usable_comm(comm)) return nullptr;
+    ShmContext* c = context(comm, call).get();
+    ctx_cache = {comm, c, gen};
     return c;
 }
 
@@ -669,8 +695,9 @@ bool shm_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype
     if (cfg.mode == shm::Mode::off || !op.known()) return false;
     if (cfg.mode == shm::Mode::automatic && bytes < cfg.allreduce_threshold) return false;
     const Kernel k = resolve(type, *op.known());
-    if (!k.combine || !usable_comm(comm)) return false;
-    auto c = context(comm, call);
+    if (!k.combine) return false;
+    ShmContext* c = cached_context(comm, call);
+    if (!c) return false;
     if (cfg.mode == shm::Mode::automatic &&
         (c->max_node_size < 2 || (c->num_nodes > 1 && bytes < kMultiNodeMinimum)))
         return false;
@@ -689,8 +716,8 @@ bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, i
     MPI_Aint lb = 0, extent = 0;
     check_mpi(MPI_Type_get_extent(type, &lb, &extent), call);
     if (lb != 0 || extent != tsize) return false;  // not contiguous bytes
-    if (!usable_comm(comm)) return false;
-    auto c = context(comm, call);
+    ShmContext* c = cached_context(comm, call);
+    if (!c) return false;
     if (cfg.mode == shm::Mode::automatic &&
         (c->max_node_size < 2 || (c->num_nodes > 1 && bytes < kMultiNodeMinimum)))
         return false;

@@ -347,6 +347,30 @@ TEST(ShmAllreduce, SubCommunicator) {
     MPI_Comm_free(&half);  // frees the communicator's shared context too
 }
 
+// Communicators freed and created again (MPI may hand out the same handle):
+// each gets its own context, never a freed one's.
+TEST(ShmAllreduce, FreedAndRecreatedCommunicators) {
+    ForceShm on;
+    for (int round = 0; round < 6; ++round) {
+        MPI_Comm c;
+        const int color = round % 2 == 0 ? rank() % 2 : 0;  // halves, then everyone
+        MPI_Comm_split(MPI_COMM_WORLD, color, rank(), &c);
+        int n = 0;
+        MPI_Comm_size(c, &n);
+        std::vector<int> x(1000 + round, rank() + 1), ref(x.size());
+        MPI_Allreduce(x.data(), ref.data(), static_cast<int>(x.size()), MPI_INT, MPI_SUM, c);
+        mpiml::allreduce(x, Op::sum, c);
+        EXPECT_TRUE(x == ref) << "round " << round << ", communicator of " << n << " ranks";
+        int crank = 0;
+        MPI_Comm_rank(c, &crank);
+        std::vector<int> b(77, crank == 0 ? 1000 * rank() + round : -1), bref = b;
+        MPI_Bcast(bref.data(), static_cast<int>(bref.size()), MPI_INT, 0, c);
+        mpiml::broadcast(b, 0, c);
+        EXPECT_TRUE(b == bref) << "round " << round;
+        MPI_Comm_free(&c);
+    }
+}
+
 TEST(ShmBroadcast, EveryRootAndSize) {
     ForceShm on;
     const std::size_t c = shm::config().chunk;
