@@ -739,6 +739,18 @@ void set_mode(Mode mode) {
     ensure_initialized();
     detail::config_ref().mode = mode;
 }
+bool takes_shared_path(std::size_t bytes, Comm comm) {
+    constexpr const char* call = "mpiml::shm::takes_shared_path";
+    ensure_initialized(call);
+    const MPI_Comm c = comm.get(call);
+    const auto& cfg = detail::config_ref();
+    if (cfg.mode == Mode::off) return false;
+    const detail::ShmContext* ctx = detail::cached_context(c, call);
+    if (!ctx) return false;
+    if (cfg.mode == Mode::on) return true;
+    return bytes >= cfg.allreduce_threshold && ctx->max_node_size >= 2 &&
+           !(ctx->num_nodes > 1 && bytes < detail::kMultiNodeMinimum);
+}
 }  // namespace shm
 
 SharedBucket::SharedBucket(std::size_t bytes, Comm comm) {

@@ -2,8 +2,8 @@
 // mpi_avg_grads, mpi_avg(tensor).
 //
 // Gradients are packed, in parameter order, into one cached flat buffer per
-// bucket (per wire dtype, up to bucket_cap_bytes) and reduced with one
-// MPI_Allreduce per bucket; contiguous CPU tensors are packed with plain loops,
+// bucket (per wire dtype, up to bucket_cap_bytes; a node shared-memory bucket
+// when the shared path applies) and reduced with one allreduce per bucket; contiguous CPU tensors are packed with plain loops,
 // anything else (strides, other devices, sparse) through ATen copies.
 // float16 and bfloat16 travel and are summed as float32, then converted back.
 #include <mpiml/torch.hpp>
@@ -566,6 +566,8 @@ struct Bucket {
 
 struct GradState {
     Scratch scratch;
+    std::unique_ptr<SharedBucket> shared;  // packed buckets, in node shared memory
+    MPI_Comm shared_comm = MPI_COMM_NULL;
     std::vector<GradEntry> entries;
     std::vector<std::size_t> order;  // entry indices, bucket by bucket
     std::vector<std::size_t> fill;
@@ -901,6 +903,21 @@ void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opt
     if (st.buckets.empty()) return;
     auto* buf = static_cast<std::byte*>(st.scratch.get(largest));
     st.direct_any.assign(st.direct.size(), 1);
+    // Where mpiml's allreduce takes the shared-memory path anyway, fused
+    // buckets are packed straight into a shared bucket: no copy into the
+    // shared segment and back. Every rank decides alike (same plan, same comm).
+    std::size_t largest_fused = 0;
+    for (const Bucket& b : st.buckets)
+        if (!b.direct) largest_fused = std::max(largest_fused, (b.payload + b.flags) * b.wire.size);
+    std::byte* fused = nullptr;
+    if (largest_fused > 0 && shm::takes_shared_path(largest_fused, Comm(comm))) {
+        if (!st.shared || st.shared_comm != comm || st.shared->size_bytes() < largest_fused) {
+            st.shared.reset();
+            st.shared = std::make_unique<SharedBucket>(largest_fused, Comm(comm));
+            st.shared_comm = comm;
+        }
+        fused = static_cast<std::byte*>(st.shared->data());
+    }
 
     torch::NoGradGuard no_grad;
     std::string deferred;  // a local failure, thrown after the collectives
@@ -940,7 +957,7 @@ void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opt
             continue;
         }
 
-        std::byte* base = buf;
+        std::byte* base = fused ? fused : buf;
         std::byte* flags = base + b.payload * es;
         std::size_t off = 0;
         for (std::size_t k = 0; k < b.entries; ++k) {
@@ -958,8 +975,11 @@ void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opt
         if (carrier)
             for (std::size_t d = 0; d < st.direct.size(); ++d)
                 set_flag(b.wire, flags + (b.entries + d) * es, direct_entry(d).defined_here);
-        detail::allreduce(MPI_IN_PLACE, base, b.payload + b.flags, b.wire.mpi, b.wire.cls,
-                          Op::sum, comm, call);
+        if (fused)
+            st.shared->allreduce(b.payload + b.flags, b.wire.mpi, b.wire.cls, Op::sum);
+        else
+            detail::allreduce(MPI_IN_PLACE, base, b.payload + b.flags, b.wire.mpi, b.wire.cls,
+                              Op::sum, comm, call);
         off = 0;
         for (std::size_t k = 0; k < b.entries; ++k) {
             const GradEntry& e = st.entries[st.order[b.first + k]];

@@ -48,6 +48,10 @@ Config config();
 /// Overrides MPIML_SHM at run time. Every rank must make the same change
 /// between the same collectives.
 void set_mode(Mode mode);
+/// Whether an allreduce of `bytes` bytes on comm, as mpiml dispatches it,
+/// takes the shared-memory path. Collective the first time on a communicator
+/// (it sets up the node layout); the same answer on every rank.
+bool takes_shared_path(std::size_t bytes, Comm comm = {});
 
 }  // namespace shm
 
