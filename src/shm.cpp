@@ -577,6 +577,12 @@ std::shared_ptr<ShmContext> context(MPI_Comm comm, const char* call) {
 
 bool usable_comm(MPI_Comm comm);
 
+// Automatic mode, past the size thresholds: a node with at least 2 ranks,
+// and across nodes only messages large enough to pay two leader collectives.
+bool worth_sharing(const ShmContext& c, std::size_t bytes) {
+    return c.max_node_size >= 2 && !(c.num_nodes > 1 && bytes < kMultiNodeMinimum);
+}
+
 // context(), through the per-thread cache; nullptr for an inter-communicator.
 ShmContext* cached_context(MPI_Comm comm, const char* call) {
     const std::uint64_t gen = ctx_generation.load(std::memory_order_acquire);
@@ -698,9 +704,7 @@ bool shm_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype
     if (!k.combine) return false;
     ShmContext* c = cached_context(comm, call);
     if (!c) return false;
-    if (cfg.mode == shm::Mode::automatic &&
-        (c->max_node_size < 2 || (c->num_nodes > 1 && bytes < kMultiNodeMinimum)))
-        return false;
+    if (cfg.mode == shm::Mode::automatic && !worth_sharing(*c, bytes)) return false;
     if (count == 0) return true;
     if (send == MPI_IN_PLACE) send = recv;
     run_allreduce(*c, static_cast<const char*>(send), static_cast<char*>(recv), count, k, call);
@@ -718,9 +722,7 @@ bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, i
     if (lb != 0 || extent != tsize) return false;  // not contiguous bytes
     ShmContext* c = cached_context(comm, call);
     if (!c) return false;
-    if (cfg.mode == shm::Mode::automatic &&
-        (c->max_node_size < 2 || (c->num_nodes > 1 && bytes < kMultiNodeMinimum)))
-        return false;
+    if (cfg.mode == shm::Mode::automatic && !worth_sharing(*c, bytes)) return false;
     if (bytes == 0) return true;
     run_broadcast(*c, static_cast<char*>(buf), bytes, root, call);
     return true;
@@ -748,8 +750,7 @@ bool takes_shared_path(std::size_t bytes, Comm comm) {
     const detail::ShmContext* ctx = detail::cached_context(c, call);
     if (!ctx) return false;
     if (cfg.mode == Mode::on) return true;
-    return bytes >= cfg.allreduce_threshold && ctx->max_node_size >= 2 &&
-           !(ctx->num_nodes > 1 && bytes < detail::kMultiNodeMinimum);
+    return bytes >= cfg.allreduce_threshold && detail::worth_sharing(*ctx, bytes);
 }
 }  // namespace shm
 

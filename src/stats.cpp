@@ -37,8 +37,9 @@ inline D2 load2(const float* p) {
 // Two passes: the mean, then squared deviations from it (stable for values
 // with a large common offset), corrected for the rounding error of the mean
 // (compensated two-pass). Each pass keeps `lanes` independent accumulators
-// so that it is not one long chain of dependent additions (and vectorizes);
-// float input is widened element by element, never copied.
+// so that it is not one long chain of dependent additions, held as four
+// pairs of doubles in registers; float input is widened two values at a
+// time, never copied.
 template <class T>
 Moments moments(const T* x, std::size_t n) {
     constexpr std::size_t lanes = 8;

@@ -138,35 +138,33 @@ void check_integer_ops_through_mpi() {
         ShmOff() { mpiml::shm::set_mode(mpiml::shm::Mode::off); }
         ~ShmOff() { mpiml::shm::set_mode(saved); }
     } off;
-    const int n = size();
     constexpr T top = std::numeric_limits<T>::max();
     using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
-    std::vector<T> mine(300), got(300);
-    for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<T>(top - i % 5 - rank());
+    constexpr std::size_t m = 300;
+    // Near the top, so that sums overflow and must wrap.
+    auto big = [](int r, std::size_t i) { return static_cast<T>(top - i % 5 - r); };
+    // Rank 0: the top bit set (unsigned) or the minimum (signed); others small.
+    auto mixed = [](int r, std::size_t i) {
+        if (r != 0) return static_cast<T>(r + i % 7);
+        return std::is_unsigned_v<T> ? static_cast<T>(top - i % 3)
+                                     : static_cast<T>(std::numeric_limits<T>::min() + i % 3);
+    };
+    std::vector<T> mine(m), got(m), lo(m), hi(m);
+    for (std::size_t i = 0; i < m; ++i) mine[i] = big(rank(), i);
     mpiml::allreduce(mine, got, mpiml::Op::sum);
-    for (std::size_t i = 0; i < mine.size(); ++i) {
+    for (std::size_t i = 0; i < m; ++i) {
         U want = 0;
-        for (int r = 0; r < n; ++r) want = static_cast<U>(want + static_cast<U>(static_cast<T>(top - i % 5 - r)));
+        for (int r = 0; r < size(); ++r) want = static_cast<U>(want + static_cast<U>(big(r, i)));
         ASSERT_EQ(got[i], static_cast<T>(want)) << "sum at " << i;
     }
-    // A value with the top bit set on rank 0, small values elsewhere.
-    for (std::size_t i = 0; i < mine.size(); ++i)
-        mine[i] = rank() == 0 ? static_cast<T>(std::numeric_limits<T>::min() + i % 3)
-                              : static_cast<T>(rank() + i % 7);
-    if constexpr (std::is_unsigned_v<T>)
-        for (std::size_t i = 0; i < mine.size(); ++i)
-            if (rank() == 0) mine[i] = static_cast<T>(top - i % 3);
-    std::vector<T> lo(300), hi(300);
+    for (std::size_t i = 0; i < m; ++i) mine[i] = mixed(rank(), i);
     mpiml::allreduce(mine, lo, mpiml::Op::min);
     mpiml::allreduce(mine, hi, mpiml::Op::max);
-    for (std::size_t i = 0; i < mine.size(); ++i) {
-        T want_lo = mine[i], want_hi = mine[i];
-        for (int r = 0; r < n; ++r) {
-            const T v = r == 0 ? (std::is_unsigned_v<T> ? static_cast<T>(top - i % 3)
-                                                        : static_cast<T>(std::numeric_limits<T>::min() + i % 3))
-                               : static_cast<T>(r + i % 7);
-            want_lo = std::min(want_lo, v);
-            want_hi = std::max(want_hi, v);
+    for (std::size_t i = 0; i < m; ++i) {
+        T want_lo = mixed(0, i), want_hi = want_lo;
+        for (int r = 1; r < size(); ++r) {
+            want_lo = std::min(want_lo, mixed(r, i));
+            want_hi = std::max(want_hi, mixed(r, i));
         }
         ASSERT_EQ(lo[i], want_lo) << "min at " << i;
         ASSERT_EQ(hi[i], want_hi) << "max at " << i;
