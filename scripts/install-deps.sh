@@ -1,16 +1,13 @@
 #!/usr/bin/env bash
 # Installs what mpiml needs from Debian's packages (only what is missing).
 # Open MPI is the default MPI; MPICH is installed beside it for the tests.
-#   scripts/install-deps.sh          build + tests
-#   scripts/install-deps.sh --bench  also the Python peers for benchmarks
 set -euo pipefail
 pkgs=(build-essential cmake ccache pkg-config bc
       libopenmpi-dev openmpi-bin mpich libmpich-dev
       libtorch-dev libgtest-dev libgmock-dev libbenchmark-dev
-      libfmt-dev libcli11-dev nlohmann-json3-dev)
-if [ "${1:-}" = "--bench" ]; then
-  pkgs+=(python3-mpi4py python3-torch python3-numpy)
-fi
+      libfmt-dev libcli11-dev nlohmann-json3-dev
+      python3-dev pybind11-dev python3-pybind11 python3-numpy python3-torch
+      python3-pytest python3-mpi4py)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,1 @@
+"""mpiml: MPI tools for data-parallel machine learning."""
