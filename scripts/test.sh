@@ -51,7 +51,7 @@ rm -rf "$prefix"
 
 stage "all tests but LibTorch's against MPICH"
 mpich=$root/build-mpich
-if cmake -S "$root" -B "$mpich" -DMPIML_WITH_TORCH=OFF -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF \
+if cmake -S "$root" -B "$mpich" -DMPIML_WITH_TORCH=OFF -DMPIML_WITH_PYTHON=OFF -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF \
      -DMPI_CXX_COMPILER=mpicxx.mpich -DMPIEXEC_EXECUTABLE=/usr/bin/mpiexec.mpich > "$mpich-configure.log" 2>&1 &&
    cmake --build "$mpich" -j"$(nproc)" > "$mpich-build.log" 2>&1; then
   for part in "-LE fault -j2 --timeout 600" "-L fault -j1"; do
@@ -66,7 +66,7 @@ fi
 
 stage "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 asan=$root/build-asan
-if cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DMPIML_SANITIZE=ON -DMPIML_WITH_TORCH=OFF \
+if cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DMPIML_SANITIZE=ON -DMPIML_WITH_TORCH=OFF -DMPIML_WITH_PYTHON=OFF \
      -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF > "$asan-configure.log" 2>&1 &&
    cmake --build "$asan" -j"$(nproc)" --target test_core test_stats test_errors test_profile test_shm profile_env_child check_profile > "$asan-build.log" 2>&1; then
   # Full stacks (the MPI libraries have no frame pointers) and loaded MCA
