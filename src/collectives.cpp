@@ -65,16 +65,17 @@ void check_op(const ReduceOp& op, TypeClass cls, MPI_Datatype type, const char* 
 
 int op_id(const ReduceOp& op) { return op.known() ? static_cast<int>(*op.known()) : 99; }
 
-// Built-in datatypes by a small id that is the same on every rank.
+// Built-in datatypes by a small id that is the same on every rank. Never
+// destroyed: checks and profiles may run inside MPI_Finalize from atexit.
 const std::vector<MPI_Datatype>& type_table() {
-    static const std::vector<MPI_Datatype> table = {
+    static const auto* table = new std::vector<MPI_Datatype>{
         MPI_SIGNED_CHAR, MPI_UNSIGNED_CHAR, MPI_SHORT,  MPI_UNSIGNED_SHORT, MPI_INT,
         MPI_UNSIGNED,    MPI_LONG,          MPI_UNSIGNED_LONG, MPI_LONG_LONG,
         MPI_UNSIGNED_LONG_LONG, MPI_WCHAR,  MPI_FLOAT,  MPI_DOUBLE,  MPI_LONG_DOUBLE,
         MPI_CXX_BOOL,    MPI_CXX_FLOAT_COMPLEX, MPI_CXX_DOUBLE_COMPLEX, MPI_CHAR, MPI_BYTE,
         MPI_INT8_T,      MPI_INT16_T,       MPI_INT32_T, MPI_INT64_T,  MPI_UINT8_T,
         MPI_UINT16_T,    MPI_UINT32_T,      MPI_UINT64_T};
-    return table;
+    return *table;
 }
 
 int type_id(MPI_Datatype t) {
