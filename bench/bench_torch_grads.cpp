@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <functional>
@@ -168,6 +169,10 @@ void bench_model(const Options& opt, const std::vector<int64_t>& hidden, std::ve
     };
     ActorCritic ac = make();
     ActorCritic ac_views = make();  // its gradients move into shared buckets
+    ActorCritic ac_a = make(), ac_b = make();  // two models averaged in turn
+    ActorCritic ac_obj = make(), ac_obj_views = make();
+    mpiml::GradAverager avg_obj(ac_obj, {opt.bucket_cap});
+    mpiml::GradAverager avg_obj_views(ac_obj_views, {opt.bucket_cap, /*gradient_as_bucket_view=*/true});
     const auto params = ac->parameters();
     std::size_t numel = 0;
     for (const auto& p : params) numel += static_cast<std::size_t>(p.numel());
@@ -199,6 +204,8 @@ void bench_model(const Options& opt, const std::vector<int64_t>& hidden, std::ve
 
     const std::vector<std::pair<std::string, std::function<void()>>> grads = {
         {"mpiml::mpi_avg_grads", [&] { mpiml::mpi_avg_grads(ac, {opt.bucket_cap}); }},
+        {"GradAverager (plan held)", [&] { avg_obj(); }},
+        {"GradAverager, bucket views", [&] { avg_obj_views(); }},
         {"mpi_avg_grads, bucket views",
          [&] { mpiml::mpi_avg_grads(ac_views, {opt.bucket_cap, /*gradient_as_bucket_view=*/true}); }},
         {"per-parameter MPI_Allreduce",
@@ -210,6 +217,28 @@ void bench_model(const Options& opt, const std::vector<int64_t>& hidden, std::ve
                  MPI_Allreduce(MPI_IN_PLACE, d, static_cast<int>(m), MPI_FLOAT, MPI_SUM,
                                MPI_COMM_WORLD);
                  for (int64_t i = 0; i < m; ++i) d[i] *= inv;
+             }
+         }},
+        {"2 models in turn, views (pair)",
+         [&] {
+             const mpiml::AvgGradsOptions o{opt.bucket_cap, /*gradient_as_bucket_view=*/true};
+             mpiml::mpi_avg_grads(ac_a, o);
+             mpiml::mpi_avg_grads(ac_b, o);
+         }},
+        {"copy into a flat buffer and back",
+         [&] {
+             std::size_t off = 0;
+             for (const auto& p : params) {
+                 const auto m = static_cast<std::size_t>(p.numel());
+                 std::memcpy(flat.data() + off, p.grad().data_ptr<float>(), m * sizeof(float));
+                 off += m;
+             }
+             off = 0;
+             for (const auto& p : params) {
+                 const auto m = static_cast<std::size_t>(p.numel());
+                 float* d = p.grad().data_ptr<float>();
+                 for (std::size_t i = 0; i < m; ++i) d[i] = flat[off + i] * inv;
+                 off += m;
              }
          }},
         {"one raw MPI_Allreduce",

@@ -65,16 +65,17 @@ void check_op(const ReduceOp& op, TypeClass cls, MPI_Datatype type, const char* 
 
 int op_id(const ReduceOp& op) { return op.known() ? static_cast<int>(*op.known()) : 99; }
 
-// Built-in datatypes by a small id that is the same on every rank.
+// Built-in datatypes by a small id that is the same on every rank. Never
+// destroyed: checks and profiles may run inside MPI_Finalize from atexit.
 const std::vector<MPI_Datatype>& type_table() {
-    static const std::vector<MPI_Datatype> table = {
+    static const auto* table = new std::vector<MPI_Datatype>{
         MPI_SIGNED_CHAR, MPI_UNSIGNED_CHAR, MPI_SHORT,  MPI_UNSIGNED_SHORT, MPI_INT,
         MPI_UNSIGNED,    MPI_LONG,          MPI_UNSIGNED_LONG, MPI_LONG_LONG,
         MPI_UNSIGNED_LONG_LONG, MPI_WCHAR,  MPI_FLOAT,  MPI_DOUBLE,  MPI_LONG_DOUBLE,
         MPI_CXX_BOOL,    MPI_CXX_FLOAT_COMPLEX, MPI_CXX_DOUBLE_COMPLEX, MPI_CHAR, MPI_BYTE,
         MPI_INT8_T,      MPI_INT16_T,       MPI_INT32_T, MPI_INT64_T,  MPI_UINT8_T,
         MPI_UINT16_T,    MPI_UINT32_T,      MPI_UINT64_T};
-    return table;
+    return *table;
 }
 
 int type_id(MPI_Datatype t) {
@@ -132,10 +133,13 @@ std::uint64_t next_sequence(MPI_Comm comm) {
                   "MPI_Comm_create_keyval");
     void* v = nullptr;
     int flag = 0;
-    MPI_Comm_get_attr(comm, seq_keyval, &v, &flag);
+    check_mpi(MPI_Comm_get_attr(comm, seq_keyval, &v, &flag), "MPI_Comm_get_attr");
     if (!flag) {
-        v = new std::uint64_t(0);
-        MPI_Comm_set_attr(comm, seq_keyval, v);
+        auto* counter = new std::uint64_t(0);
+        const int rc = MPI_Comm_set_attr(comm, seq_keyval, counter);
+        if (rc != MPI_SUCCESS) delete counter;
+        check_mpi(rc, "MPI_Comm_set_attr");
+        v = counter;
     }
     return ++*static_cast<std::uint64_t*>(v);
 }
@@ -189,15 +193,17 @@ void check_consistent(const CallInfo& info, std::uint64_t seq) {
 CollectiveScope::CollectiveScope(const CallInfo& info) {
     const auto& s = state();
     const bool prof = profiling();
-    if (!s.check && s.timeout <= 0 && !prof) return;
+    const bool check = s.check.load(std::memory_order_relaxed);
+    const bool timed = s.timeout.load(std::memory_order_relaxed) > 0;
+    if (!check && !timed && !prof) return;
     const std::int64_t t0 = prof ? profile_now() : 0;
     const std::uint64_t seq = next_sequence(info.comm);
-    if (s.timeout > 0) {
+    if (timed) {
         watchdog_arm(info, seq);
         armed_ = true;
         if (info.comm == MPI_COMM_WORLD) arrival_mark(seq);
     }
-    if (s.check) {
+    if (check) {
         try {
             check_consistent(info, seq);
         } catch (...) {
@@ -206,7 +212,7 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
         }
     }
     if (prof)
-        profile_ = ProfileMark{info, seq, t0, s.check ? profile_now() - t0 : -1,
+        profile_ = ProfileMark{info, seq, t0, check ? profile_now() - t0 : -1,
                                profile_generation.load(std::memory_order_relaxed)};
 }
 

@@ -4,6 +4,7 @@
 #include <mpiml/collectives.hpp>
 #include <mpiml/profile.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -15,8 +16,9 @@ struct State {
     bool we_initialized = false;   // mpiml called MPI_Init_thread
     int provided = 0;
     MPI_Comm default_comm = MPI_COMM_WORLD;
-    double timeout = 0.0;          // seconds, 0: off
-    bool check = false;
+    // Written by set_timeout/set_check, read by the watchdog thread.
+    std::atomic<double> timeout{0.0};  // seconds, 0: off
+    std::atomic<bool> check{false};
     bool abort_on_failure = true;
     int world_rank = -1;           // cached for signal handlers and the watchdog
     int world_size = 0;

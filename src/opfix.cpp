@@ -106,19 +106,25 @@ MPI_Op probe_any(MPI_Datatype t, Op op, MPI_Op native) {
 struct Entry {
     MPI_Datatype type;
     Op op;
+    MPI_Op native;
     MPI_Op use;
 };
 
-std::mutex table_mutex;
+// Never destroyed: free_own_ops runs inside MPI_Finalize, which may be called
+// from atexit after function-local statics have been destroyed.
+std::mutex& table_mutex() {
+    static auto* m = new std::mutex;
+    return *m;
+}
 std::vector<Entry>& table() {
-    static std::vector<Entry> t;
-    return t;
+    static auto* t = new std::vector<Entry>;
+    return *t;
 }
 
 void free_own_ops() {
-    std::lock_guard lock(table_mutex);
+    std::lock_guard lock(table_mutex());
     for (Entry& e : table())
-        if (e.use != ReduceOp(e.op).native()) MPI_Op_free(&e.use);
+        if (e.use != e.native) MPI_Op_free(&e.use);
     table().clear();
 }
 
@@ -129,12 +135,12 @@ MPI_Op mpi_op_for(MPI_Datatype type, const ReduceOp& op) {
     if (!known || (*known != Op::sum && *known != Op::prod && *known != Op::min && *known != Op::max))
         return op.native();
     if (type == MPI_FLOAT || type == MPI_DOUBLE || type == MPI_LONG_DOUBLE) return op.native();
-    std::lock_guard lock(table_mutex);
+    std::lock_guard lock(table_mutex());
     for (const Entry& e : table())
         if (e.type == type && e.op == *known) return e.use;
     if (table().empty()) register_finalize_hook(&free_own_ops);
     const MPI_Op use = probe_any(type, *known, op.native());
-    table().push_back({type, *known, use});
+    table().push_back({type, *known, op.native(), use});
     return use;
 }
 

@@ -1,5 +1,6 @@
 // Profiler: per-thread event buffers in memory, written once at profile_stop
 // as Chrome-trace JSON per rank, a merged timeline on rank 0, and a summary.
+#include "config.hpp"
 #include "internal.hpp"
 
 #include <mpiml/datatype.hpp>
@@ -220,8 +221,7 @@ Clock sync_clocks(MPI_Comm comm, const char* call) {
     std::memcpy(host0, host, sizeof host);
     check_mpi(MPI_Bcast(host0, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, 0, comm), call);
     c.same_host = std::strcmp(host, host0) == 0;
-    const char* mode = std::getenv("MPIML_PROFILE_CLOCK");
-    const bool force = mode && std::strcmp(mode, "measure") == 0;
+    const bool force = profile_clock_measure();
     if (rank == 0) {
         for (int r = 1; r < size; ++r)
             for (int k = 0; k < rounds; ++k) {
@@ -754,8 +754,9 @@ void profile_discard() {
 }
 
 void profile_from_environment() {
-    const char* dir = std::getenv("MPIML_PROFILE");
-    if (!dir || !*dir || profiling()) return;
+    const std::string& dir_s = env_config().profile_dir;
+    if (dir_s.empty() || profiling()) return;
+    const char* dir = dir_s.c_str();
     if (const std::string err = make_dir(dir); !err.empty())
         fail("mpiml", std::string("MPIML_PROFILE: ") + err);
     begin_recording(dir, true);

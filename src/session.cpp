@@ -1,3 +1,4 @@
+#include "config.hpp"
 #include "internal.hpp"
 
 #include <mpiml/failure.hpp>
@@ -43,13 +44,6 @@ int on_self_delete(MPI_Comm, int, void*, void*) {
 
 void atexit_finalize() { mpiml::finalize(); }
 
-bool parse_bool(const char* name, const char* v) {
-    const std::string s(v);
-    if (s == "1" || s == "on" || s == "true" || s == "yes") return true;
-    if (s == "0" || s == "off" || s == "false" || s == "no" || s.empty()) return false;
-    fail("mpiml", std::string(name) + "='" + s + "' is not a boolean (use 1 or 0)");
-}
-
 void initialize(int* argc, char*** argv, const SessionOptions& opts, const char* call = "mpiml") {
     std::lock_guard lock(init_mutex);
     auto& s = state();
@@ -89,15 +83,10 @@ void read_environment(State& s) {
 #ifndef NDEBUG
     s.check = true;
 #endif
-    if (const char* v = std::getenv("MPIML_CHECK")) s.check = parse_bool("MPIML_CHECK", v);
-    if (const char* v = std::getenv("MPIML_TIMEOUT"); v && *v) {
-        char* end = nullptr;
-        const double t = std::strtod(v, &end);
-        if (end == v || *end != '\0' || !std::isfinite(t) || t < 0)
-            fail("mpiml", std::string("MPIML_TIMEOUT='") + v +
-                              "' is not a number of seconds (use e.g. 300, or 0 for off)");
-        s.timeout = t;
-    }
+    load_env_config();  // every MPIML_* variable, validated
+    const EnvConfig& c = env_config();
+    if (c.check) s.check = *c.check;
+    if (c.timeout) s.timeout = *c.timeout;
 }
 
 }  // namespace detail

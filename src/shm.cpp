@@ -18,6 +18,7 @@
 // barrier, and every rank copies the chunk from the leader's set.
 #include "shm.hpp"
 
+#include "config.hpp"
 #include "internal.hpp"
 
 #include <mpiml/error.hpp>
@@ -46,17 +47,10 @@ namespace mpiml {
 namespace detail {
 namespace {
 
-// Defaults (see BENCHMARKS.md, "Shared-memory fast path"). On one node the
-// shared-memory allreduce beat MPI_Allreduce at every size when both ranks
-// had their cores (1.1-1.4x below 512 B); under heavy load it lost by up to
-// ~10% at 128-256 B. Across nodes, small messages pay two leader collectives
-// instead of one MPI_Allreduce, so auto mode leaves those to MPI (not
-// measured: one box).
-constexpr std::size_t kDefaultAllreduceThreshold = 0;
+// Defaults of the thresholds and chunk: src/config.cpp. Across nodes, small
+// messages pay two leader collectives instead of one MPI_Allreduce, so auto
+// mode leaves those to MPI (not measured: one box).
 constexpr std::size_t kMultiNodeMinimum = std::size_t{64} << 10;
-constexpr std::size_t kDefaultBroadcastThreshold = std::size_t{1} << 10;
-constexpr std::size_t kDefaultChunk = std::size_t{1} << 20;
-constexpr std::size_t kMaxChunk = std::size_t{256} << 20;
 constexpr std::size_t kLine = 64;     // slice alignment, bytes
 constexpr std::size_t kHeader = 128;  // flag line (+ the adjacent line)
 constexpr std::size_t kBlock = 4096;  // reduction block, bytes (stays in L1)
@@ -72,57 +66,8 @@ char* align_line(void* p) {
 
 // ------------------------------------------------------------ configuration
 
-std::size_t parse_bytes(const char* name, const char* v) {
-    char* end = nullptr;
-    const unsigned long long x = std::strtoull(v, &end, 10);
-    std::size_t mult = 1;
-    if (end != v && *end) {
-        const std::string suffix(end);
-        if (suffix == "K" || suffix == "k" || suffix == "KiB") mult = std::size_t{1} << 10;
-        else if (suffix == "M" || suffix == "MiB") mult = std::size_t{1} << 20;
-        else if (suffix == "G" || suffix == "GiB") mult = std::size_t{1} << 30;
-        else end = const_cast<char*>(v);
-    }
-    if (end == v || *v == '-')
-        fail("mpiml", std::string(name) + "='" + v + "' is not a byte count (e.g. 65536, 64K, 4M)");
-    return static_cast<std::size_t>(x) * mult;
-}
-
-shm::Config load_config() {
-    shm::Config c;
-    c.allreduce_threshold = kDefaultAllreduceThreshold;
-    c.broadcast_threshold = kDefaultBroadcastThreshold;
-    c.chunk = kDefaultChunk;
-    if (const char* v = std::getenv("MPIML_SHM"); v && *v) {
-        const std::string s(v);
-        if (s == "auto") c.mode = shm::Mode::automatic;
-        else if (s == "on" || s == "1") c.mode = shm::Mode::on;
-        else if (s == "off" || s == "0") c.mode = shm::Mode::off;
-        else fail("mpiml", "MPIML_SHM='" + s + "' must be auto, on or off");
-    }
-    if (const char* v = std::getenv("MPIML_SHM_THRESHOLD"); v && *v)
-        c.allreduce_threshold = parse_bytes("MPIML_SHM_THRESHOLD", v);
-    if (const char* v = std::getenv("MPIML_SHM_BCAST_THRESHOLD"); v && *v)
-        c.broadcast_threshold = parse_bytes("MPIML_SHM_BCAST_THRESHOLD", v);
-    if (const char* v = std::getenv("MPIML_SHM_CHUNK"); v && *v) {
-        c.chunk = parse_bytes("MPIML_SHM_CHUNK", v);
-        if (c.chunk < 4096 || c.chunk > kMaxChunk)
-            fail("mpiml", "MPIML_SHM_CHUNK must be between 4096 bytes and 256 MiB");
-    }
-    c.chunk = (c.chunk + kLine - 1) / kLine * kLine;
-    if (const char* v = std::getenv("MPIML_NODE_SPLIT"); v && *v) {
-        char* end = nullptr;
-        const long k = std::strtol(v, &end, 10);
-        if (end == v || *end || k < 0 || k > INT_MAX)
-            fail("mpiml", std::string("MPIML_NODE_SPLIT='") + v +
-                              "' must be a number of ranks per node (0: real nodes)");
-        c.node_split = static_cast<int>(k);
-    }
-    return c;
-}
-
 shm::Config& config_ref() {
-    static shm::Config c = load_config();
+    static shm::Config c = env_config().shm;  // MPIML_SHM* (src/config.cpp)
     return c;
 }
 

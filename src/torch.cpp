@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -574,13 +575,9 @@ struct GradState {
     std::vector<Bucket> buckets;
     std::vector<std::size_t> direct;    // bucket indices of the direct buckets
     std::vector<char> direct_any;       // per direct bucket: some rank had a gradient
-    std::unordered_set<const void*> seen;
+    std::size_t largest = 0;            // scratch bytes the plan needs
+    std::size_t largest_fused = 0;      // bytes of the largest fused bucket
 };
-
-GradState& grad_state() {
-    thread_local GradState state;
-    return state;
-}
 
 /// The flag's value: a float or double, or the real part of a complex.
 double flag_value(const Wire& w, const void* p) {
@@ -726,24 +723,9 @@ struct ViewState {
     std::vector<WeakImpl> params;  // the planned parameters, not kept alive
 };
 
-ViewState& view_state() {
-    static ViewState state;
-    return state;
-}
-
-/// float32/float64/complex contiguous CPU parameters: their gradients can be
-/// plain views of a bucket in their own dtype.
-bool view_eligible(const at::Tensor& p) {
-    const auto s = p.scalar_type();
-    return p.layout() == at::kStrided && p.is_cpu() && p.is_contiguous() &&
-           (s == at::kFloat || s == at::kDouble || s == at::kComplexFloat ||
-            s == at::kComplexDouble);
-}
-
-/// Collective: every rank plans the same buckets from the same parameter list.
-void plan_views(ViewState& st, const std::vector<at::Tensor>& params, std::size_t cap,
-                MPI_Comm comm) {
-    // Gradients still viewing the old buckets get their own memory back.
+/// Gradients still viewing st's buckets get their own memory back, and the
+/// buckets are freed (collective: every rank releases the same plan).
+void release_views(ViewState& st) {
     for (const WeakImpl& w : st.params) {
         auto impl = w.lock();
         if (!impl) continue;
@@ -759,8 +741,24 @@ void plan_views(ViewState& st, const std::vector<at::Tensor>& params, std::size_
             }
         }
     }
-    st.buckets.clear();  // collective: every rank re-plans at the same call
+    st.buckets.clear();
     st.params.clear();
+    st.signature.clear();
+}
+
+/// float32/float64/complex contiguous CPU parameters: their gradients can be
+/// plain views of a bucket in their own dtype.
+bool view_eligible(const at::Tensor& p) {
+    const auto s = p.scalar_type();
+    return p.layout() == at::kStrided && p.is_cpu() && p.is_contiguous() &&
+           (s == at::kFloat || s == at::kDouble || s == at::kComplexFloat ||
+            s == at::kComplexDouble);
+}
+
+/// Collective: every rank plans the same buckets from the same parameter list.
+void plan_views(ViewState& st, const std::vector<at::Tensor>& params, std::size_t cap,
+                MPI_Comm comm) {
+    release_views(st);  // collective: every rank re-plans at the same call
     for (const auto& p : params) st.params.emplace_back(p.getIntrusivePtr());
     st.comm = comm;
     st.cap = cap;
@@ -793,20 +791,18 @@ void plan_views(ViewState& st, const std::vector<at::Tensor>& params, std::size_
     }
 }
 
-void avg_grads_as_views(const std::vector<at::Tensor>& params, const AvgGradsOptions& opts,
-                        MPI_Comm comm, int size, const char* call) {
-    ViewState& st = view_state();
-    std::vector<std::tuple<const void*, std::int64_t, int>> sig;
+using ViewSignature = std::vector<std::tuple<const void*, std::int64_t, int>>;
+
+ViewSignature view_signature(const std::vector<at::Tensor>& params) {
+    ViewSignature sig;
     sig.reserve(params.size());
     for (const auto& p : params)
         sig.emplace_back(p.unsafeGetTensorImpl(), p.numel(), static_cast<int>(p.scalar_type()));
-    // Whether to re-plan must be decided alike on every rank.
-    int changed = sig != st.signature || comm != st.comm || opts.bucket_cap_bytes != st.cap;
-    detail::allreduce(MPI_IN_PLACE, &changed, 1, MPI_INT, TypeClass::integer, Op::max, comm, call);
-    if (changed) {
-        plan_views(st, params, opts.bucket_cap_bytes, comm);
-        st.signature = std::move(sig);
-    }
+    return sig;
+}
+
+/// Averages params' gradients in st's buckets (planned for these params).
+void run_views(ViewState& st, const std::vector<at::Tensor>& params, const char* call) {
 
     torch::NoGradGuard no_grad;
     std::string deferred;  // a local failure, thrown after the collectives
@@ -854,61 +850,98 @@ void avg_grads_as_views(const std::vector<at::Tensor>& params, const AvgGradsOpt
             }
         }
     }
-    (void)size;
     if (!deferred.empty()) detail::fail(call, deferred);
 }
 
-void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opts,
-               MPI_Comm comm, const std::vector<std::string>* check_descs) {
-    constexpr const char* call = "mpiml::mpi_avg_grads";
-    if (check_descs) verify_same(*check_descs, -1, comm, call);
-    const int size = num_procs(comm);
-    if (size == 1) return;
+/// The free function's plans for gradient_as_bucket_view, one per parameter
+/// list (per model), least recently used dropped past kCachedPlans.
+constexpr std::size_t kCachedPlans = 8;
+struct ViewCache {
+    struct Entry {
+        ViewState st;
+        std::uint64_t used = 0;
+    };
+    std::vector<std::unique_ptr<Entry>> entries;
+    std::uint64_t clock = 0;
+};
+ViewCache& view_cache() {
+    thread_local ViewCache c;
+    return c;
+}
 
-    if (opts.gradient_as_bucket_view) {
-        std::vector<at::Tensor> views, rest;
-        std::unordered_set<const void*> seen;
-        for (const at::Tensor& p : params) {
-            if (!p.defined() || !p.requires_grad() || !has_gradients(p.scalar_type())) continue;
-            if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
-            (view_eligible(p) ? views : rest).push_back(p);
+void avg_grads_as_views(const std::vector<at::Tensor>& params, const AvgGradsOptions& opts,
+                        MPI_Comm comm, const char* call) {
+    ViewCache& cache = view_cache();
+    ViewSignature sig = view_signature(params);
+    ViewCache::Entry* hit = nullptr;
+    for (auto& e : cache.entries)
+        if (e->st.signature == sig && e->st.comm == comm && e->st.cap == opts.bucket_cap_bytes)
+            hit = e.get();
+    // Whether to re-plan must be decided alike on every rank.
+    int changed = hit == nullptr;
+    detail::allreduce(MPI_IN_PLACE, &changed, 1, MPI_INT, TypeClass::integer, Op::max, comm, call);
+    if (changed) {
+        if (!hit) {
+            if (cache.entries.size() >= kCachedPlans) {  // the same on every rank
+                auto lru = std::min_element(cache.entries.begin(), cache.entries.end(),
+                                            [](const auto& a, const auto& b) { return a->used < b->used; });
+                release_views((*lru)->st);
+                cache.entries.erase(lru);
+            }
+            hit = cache.entries.emplace_back(std::make_unique<ViewCache::Entry>()).get();
         }
-        avg_grads_as_views(views, opts, comm, size, call);
-        if (rest.empty()) return;
-        AvgGradsOptions packed = opts;
-        packed.gradient_as_bucket_view = false;
-        return avg_grads(rest, packed, comm, nullptr);
+        plan_views(hit->st, params, opts.bucket_cap_bytes, comm);
+        hit->st.signature = std::move(sig);
     }
+    hit->used = ++cache.clock;
+    run_views(hit->st, params, call);
+}
 
-    GradState& st = grad_state();
-    st.entries.clear();
-    st.seen.clear();
-    struct Release {  // hold no tensors between calls
-        GradState& st;
-        ~Release() { st.entries.clear(); }
-    } release{st};
+/// Parameters whose gradients are averaged: defined, requiring grad, of a
+/// floating or complex dtype, each once; with their position in the list.
+struct Eligible {
+    std::size_t index;
+    at::Tensor tensor;
+};
+void eligible_params(const std::vector<at::Tensor>& params, std::vector<Eligible>& out) {
+    out.clear();
+    std::unordered_set<const void*> seen;
     for (std::size_t i = 0; i < params.size(); ++i) {
         const at::Tensor& p = params[i];
         if (!p.defined() || !p.requires_grad() || !has_gradients(p.scalar_type())) continue;
-        if (!st.seen.insert(p.unsafeGetTensorImpl()).second) continue;
-        const auto wire = sum_wire(p.scalar_type());
-        if (!wire)  // depends only on dtypes, so every rank throws here or none
-            detail::fail(call, "parameters of dtype " + dtype_name(p.scalar_type()) +
-                                   " are not supported");
-        GradEntry e{p, i, *wire, static_cast<std::size_t>(p.numel())};
-        e.defined_here = p.grad().defined();
-        st.entries.push_back(std::move(e));
+        if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+        out.push_back({i, p});
     }
-    const std::size_t largest = plan_buckets(st, opts);
+}
+
+/// The packed plan for these parameters (local: it depends only on dtypes,
+/// sizes and options, so every rank makes the same one).
+void plan_packed(GradState& st, const std::vector<Eligible>& ps, const AvgGradsOptions& opts,
+                 const char* call) {
+    st.entries.clear();
+    for (const Eligible& p : ps) {
+        const auto wire = sum_wire(p.tensor.scalar_type());
+        if (!wire)  // depends only on dtypes, so every rank throws here or none
+            detail::fail(call, "parameters of dtype " + dtype_name(p.tensor.scalar_type()) +
+                                   " are not supported");
+        st.entries.push_back({p.tensor, p.index, *wire, static_cast<std::size_t>(p.tensor.numel())});
+    }
+    st.largest = plan_buckets(st, opts);
+    st.largest_fused = 0;
+    for (const Bucket& b : st.buckets)
+        if (!b.direct) st.largest_fused = std::max(st.largest_fused, (b.payload + b.flags) * b.wire.size);
+}
+
+/// Averages the planned entries' gradients.
+void run_packed(GradState& st, MPI_Comm comm, int size, const char* call) {
     if (st.buckets.empty()) return;
-    auto* buf = static_cast<std::byte*>(st.scratch.get(largest));
+    for (GradEntry& e : st.entries) e.defined_here = e.param.grad().defined();
+    auto* buf = static_cast<std::byte*>(st.scratch.get(st.largest));
     st.direct_any.assign(st.direct.size(), 1);
     // Where mpiml's allreduce takes the shared-memory path anyway, fused
     // buckets are packed straight into a shared bucket: no copy into the
     // shared segment and back. Every rank decides alike (same plan, same comm).
-    std::size_t largest_fused = 0;
-    for (const Bucket& b : st.buckets)
-        if (!b.direct) largest_fused = std::max(largest_fused, (b.payload + b.flags) * b.wire.size);
+    const std::size_t largest_fused = st.largest_fused;
     std::byte* fused = nullptr;
     if (largest_fused > 0 && shm::takes_shared_path(largest_fused, Comm(comm))) {
         if (!st.shared || st.shared_comm != comm || st.shared->size_bytes() < largest_fused) {
@@ -1012,7 +1045,189 @@ void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opt
     if (!deferred.empty()) detail::fail(call, deferred);
 }
 
+/// The free function's packed plans, one per list of (dtype, size): two
+/// models averaged in turn keep theirs. Least recently used dropped past
+/// kCachedPlans (the same on every rank: the keys are).
+struct PackedCache {
+    struct Entry {
+        MPI_Comm comm = MPI_COMM_NULL;
+        std::size_t cap = 0;
+        std::vector<std::pair<int, std::int64_t>> key;
+        GradState st;
+        std::uint64_t used = 0;
+    };
+    std::vector<std::unique_ptr<Entry>> entries;
+    std::vector<std::pair<int, std::int64_t>> key;  // reused per call
+    std::vector<Eligible> eligible;                 // reused per call
+    std::uint64_t clock = 0;
+};
+PackedCache& packed_cache() {
+    thread_local PackedCache c;
+    return c;
+}
+
+void avg_packed_cached(const std::vector<Eligible>& ps, const AvgGradsOptions& opts,
+                       MPI_Comm comm, int size, const char* call) {
+    PackedCache& cache = packed_cache();
+    cache.key.clear();
+    for (const Eligible& p : ps)
+        cache.key.emplace_back(static_cast<int>(p.tensor.scalar_type()), p.tensor.numel());
+    PackedCache::Entry* hit = nullptr;
+    for (auto& e : cache.entries)
+        if (e->comm == comm && e->cap == opts.bucket_cap_bytes && e->key == cache.key) hit = e.get();
+    if (hit) {
+        for (std::size_t j = 0; j < ps.size(); ++j) {
+            hit->st.entries[j].param = ps[j].tensor;
+            hit->st.entries[j].index = ps[j].index;
+        }
+    } else {
+        if (cache.entries.size() >= kCachedPlans) {
+            auto lru = std::min_element(cache.entries.begin(), cache.entries.end(),
+                                        [](const auto& a, const auto& b) { return a->used < b->used; });
+            cache.entries.erase(lru);
+        }
+        auto e = std::make_unique<PackedCache::Entry>();
+        e->comm = comm;
+        e->cap = opts.bucket_cap_bytes;
+        e->key = cache.key;
+        plan_packed(e->st, ps, opts, call);
+        hit = cache.entries.emplace_back(std::move(e)).get();
+    }
+    hit->used = ++cache.clock;
+    struct Release {  // hold no tensors between calls
+        GradState& st;
+        ~Release() {
+            for (GradEntry& e : st.entries) e.param.reset();
+        }
+    } release{hit->st};
+    run_packed(hit->st, comm, size, call);
+}
+
+void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opts,
+               MPI_Comm comm, const std::vector<std::string>* check_descs) {
+    constexpr const char* call = "mpiml::mpi_avg_grads";
+    if (check_descs) verify_same(*check_descs, -1, comm, call);
+    const int size = num_procs(comm);
+    if (size == 1) return;
+    PackedCache& cache = packed_cache();
+    std::vector<Eligible> ps = std::move(cache.eligible);
+    eligible_params(params, ps);
+    struct Keep {  // capacity reused across calls, no tensors held
+        std::vector<Eligible>& ps;
+        PackedCache& cache;
+        ~Keep() {
+            ps.clear();
+            cache.eligible = std::move(ps);
+        }
+    } keep{ps, cache};
+    if (opts.gradient_as_bucket_view) {
+        std::vector<at::Tensor> views;
+        std::vector<Eligible> rest;
+        for (Eligible& p : ps) {
+            if (view_eligible(p.tensor)) views.push_back(p.tensor);
+            else rest.push_back(std::move(p));
+        }
+        std::exception_ptr deferred;
+        try {
+            avg_grads_as_views(views, opts, comm, call);
+        } catch (const Error&) {  // local: the rest's collectives still run
+            deferred = std::current_exception();
+        }
+        if (!rest.empty()) avg_packed_cached(rest, opts, comm, size, call);
+        if (deferred) std::rethrow_exception(deferred);
+        return;
+    }
+    avg_packed_cached(ps, opts, comm, size, call);
+}
+
 }  // namespace
+
+namespace detail {
+struct GradAveragerImpl {
+    MPI_Comm comm = MPI_COMM_NULL;
+    int size = 1;
+    std::vector<at::Tensor> view_params;  // gradients kept in shared buckets
+    ViewState views;
+    GradState packed;
+    ~GradAveragerImpl() {
+        if (!views.buckets.empty()) release_views(views);
+    }
+};
+}  // namespace detail
+
+namespace {
+constexpr const char* kAveragerCall = "mpiml::GradAverager";
+
+std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Tensor>& params,
+                                                        const AvgGradsOptions& opts, MPI_Comm comm,
+                                                        const std::vector<std::string>* descs) {
+    if (descs) verify_same(*descs, -1, comm, kAveragerCall);
+    auto impl = std::make_unique<detail::GradAveragerImpl>();
+    impl->comm = comm;
+    impl->size = num_procs(comm);
+    std::vector<Eligible> ps;
+    eligible_params(params, ps);
+    if (opts.gradient_as_bucket_view) {
+        std::vector<Eligible> rest;
+        for (Eligible& p : ps) {
+            if (view_eligible(p.tensor)) impl->view_params.push_back(p.tensor);
+            else rest.push_back(std::move(p));
+        }
+        ps = std::move(rest);
+    }
+    plan_packed(impl->packed, ps, opts, kAveragerCall);
+    if (impl->size > 1 && !impl->view_params.empty()) {
+        plan_views(impl->views, impl->view_params, opts.bucket_cap_bytes, comm);
+        impl->views.signature = view_signature(impl->view_params);
+    }
+    return impl;
+}
+}  // namespace
+
+GradAverager::GradAverager(torch::nn::Module& module, const AvgGradsOptions& opts, Comm comm) {
+    const MPI_Comm c = comm.get(kAveragerCall);
+    std::vector<at::Tensor> params;
+    std::vector<std::string> descs;
+    for (const auto& e : module_entries(module, /*with_buffers=*/false)) {
+        if (check_enabled()) descs.push_back(describe_grad(e.kind, e.name, e.tensor));
+        params.push_back(e.tensor);
+    }
+    impl_ = make_averager(params, opts, c, check_enabled() ? &descs : nullptr);
+}
+
+GradAverager::GradAverager(const std::vector<torch::Tensor>& params, const AvgGradsOptions& opts,
+                           Comm comm) {
+    const MPI_Comm c = comm.get(kAveragerCall);
+    std::vector<std::string> descs;
+    if (check_enabled())
+        for (std::size_t i = 0; i < params.size(); ++i)
+            if (params[i].defined()) descs.push_back(describe_grad("tensor", std::to_string(i), params[i]));
+    impl_ = make_averager(params, opts, c, check_enabled() ? &descs : nullptr);
+}
+
+GradAverager::~GradAverager() = default;
+GradAverager::GradAverager(GradAverager&&) noexcept = default;
+GradAverager& GradAverager::operator=(GradAverager&&) noexcept = default;
+
+std::size_t GradAverager::size() const {
+    return impl_ ? impl_->view_params.size() + impl_->packed.entries.size() : 0;
+}
+
+void GradAverager::operator()() {
+    if (!impl_) detail::fail(kAveragerCall, "used after being moved from");
+    auto& im = *impl_;
+    if (im.size == 1) return;
+    std::exception_ptr deferred;
+    if (!im.views.buckets.empty()) {
+        try {
+            run_views(im.views, im.view_params, kAveragerCall);
+        } catch (const Error&) {  // local: the packed collectives still run
+            deferred = std::current_exception();
+        }
+    }
+    run_packed(im.packed, im.comm, im.size, kAveragerCall);
+    if (deferred) std::rethrow_exception(deferred);
+}
 
 // ---------------------------------------------------------------- public
 

@@ -28,9 +28,11 @@ struct Watch {
     std::uint64_t seq = 0;
     Clock::time_point start;
 };
+// Never destroyed (nor the board): the watchdog is shut down inside
+// MPI_Finalize, which may run from atexit after static destructors.
 Watch& watch() {
-    static Watch w;
-    return w;
+    static auto* w = new Watch;
+    return *w;
 }
 
 // Node-local arrival board: one slot per rank of the node holding the
@@ -44,8 +46,8 @@ struct Board {
     std::atomic<bool> ready{false};
 };
 Board& board() {
-    static Board b;
-    return b;
+    static auto* b = new Board;
+    return *b;
 }
 
 std::string name_of(MPI_Comm comm) {

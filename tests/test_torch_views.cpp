@@ -11,6 +11,7 @@
 #include <torch/optim/sgd.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -37,7 +38,9 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 // A few SGD-with-momentum steps on rank-dependent data; returns the parameters.
-std::vector<torch::Tensor> train(bool views, torch::Dtype dtype, bool set_to_none) {
+// With `object`, through one mpiml::GradAverager instead of mpi_avg_grads.
+std::vector<torch::Tensor> train(bool views, torch::Dtype dtype, bool set_to_none,
+                                 bool object = false) {
     torch::manual_seed(1);
     Net net(dtype);
     mpiml::sync_params(net);
@@ -45,6 +48,8 @@ std::vector<torch::Tensor> train(bool views, torch::Dtype dtype, bool set_to_non
     mpiml::AvgGradsOptions o;
     o.gradient_as_bucket_view = views;
     o.bucket_cap_bytes = 1024;  // several buckets
+    std::optional<mpiml::GradAverager> avg;
+    if (object) avg.emplace(net, o);
     for (int step = 0; step < 6; ++step) {
         torch::manual_seed(100 * step + rank());
         const auto x = torch::randn({16, 7}, dtype);
@@ -55,7 +60,8 @@ std::vector<torch::Tensor> train(bool views, torch::Dtype dtype, bool set_to_non
             opt.zero_grad();
         }
         torch::mse_loss(net->forward(x), y).backward();
-        mpiml::mpi_avg_grads(net, o);
+        if (avg) (*avg)();
+        else mpiml::mpi_avg_grads(net, o);
         opt.step();
     }
     std::vector<torch::Tensor> out;
@@ -64,9 +70,9 @@ std::vector<torch::Tensor> train(bool views, torch::Dtype dtype, bool set_to_non
     return out;
 }
 
-void compare(torch::Dtype dtype, bool set_to_none) {
+void compare(torch::Dtype dtype, bool set_to_none, bool object = false) {
     const auto plain = train(false, dtype, set_to_none);
-    const auto view = train(true, dtype, set_to_none);
+    const auto view = train(true, dtype, set_to_none, object);
     ASSERT_EQ(plain.size(), view.size());
     for (std::size_t i = 0; i < plain.size(); ++i) {
         if (size() <= 2)  // a sum of two does not depend on order: bit for bit
@@ -79,6 +85,77 @@ void compare(torch::Dtype dtype, bool set_to_none) {
 TEST(TorchGradViews, TrainingEqualsPackedFloat32) { compare(torch::kFloat32, false); }
 TEST(TorchGradViews, TrainingEqualsPackedFloat64) { compare(torch::kFloat64, false); }
 TEST(TorchGradViews, GradientsSetToNoneAreRepacked) { compare(torch::kFloat32, true); }
+TEST(GradAverager, ViewsEqualPackedFreeFunction) { compare(torch::kFloat32, true, true); }
+
+TEST(GradAverager, PackedEqualsFreeFunctionBitForBit) {
+    const auto free_fn = train(false, torch::kFloat64, false);
+    const auto object = train(false, torch::kFloat64, false, true);
+    ASSERT_EQ(free_fn.size(), object.size());
+    for (std::size_t i = 0; i < free_fn.size(); ++i)
+        EXPECT_TRUE(torch::equal(free_fn[i], object[i])) << "parameter " << i;
+}
+
+// Two models averaged in turn (a policy and a value net): each keeps its plan,
+// so its gradients stay views of its own buckets, with the free function and
+// with one GradAverager per model.
+TEST(GradAverager, TwoModelsInTurnKeepTheirBuckets) {
+    for (const bool object : {false, true}) {
+        torch::manual_seed(4);
+        auto a = torch::nn::Sequential(torch::nn::Linear(6, 9), torch::nn::Linear(9, 2));
+        auto b = torch::nn::Sequential(torch::nn::Linear(5, 3));
+        mpiml::sync_params(a);
+        mpiml::sync_params(b);
+        mpiml::AvgGradsOptions o;
+        o.gradient_as_bucket_view = true;
+        std::optional<mpiml::GradAverager> avg_a, avg_b;
+        if (object) {
+            avg_a.emplace(a, o);
+            avg_b.emplace(b, o);
+        }
+        std::vector<const void*> first;
+        for (int step = 0; step < 4; ++step) {
+            for (auto* m : {&a, &b}) {
+                for (auto& p : (*m)->parameters())
+                    if (p.grad().defined()) p.grad().zero_();
+            }
+            a->forward(torch::full({2, 6}, 1.0 + rank())).sum().backward();
+            b->forward(torch::full({3, 5}, 1.0 + rank())).sum().backward();
+            if (object) {
+                (*avg_a)();
+                (*avg_b)();
+            } else {
+                mpiml::mpi_avg_grads(a, o);
+                mpiml::mpi_avg_grads(b, o);
+            }
+            std::vector<const void*> now;
+            for (auto* m : {&a, &b})
+                for (auto& p : (*m)->parameters()) now.push_back(p.grad().data_ptr());
+            if (step == 0) first = now;
+            EXPECT_EQ(now, first) << "gradients moved (re-planned) at step " << step
+                                  << (object ? " (GradAverager)" : " (mpi_avg_grads)");
+            // Bias of b's layer: 3 rows, mean over ranks -> 3.
+            EXPECT_FLOAT_EQ(b->parameters().back().grad()[0].item<float>(), 3.0f);
+            EXPECT_FLOAT_EQ(a->parameters().back().grad()[0].item<float>(), 2.0f);
+        }
+    }
+}
+
+TEST(GradAverager, ParameterListAndMove) {
+    std::vector<torch::Tensor> ps = {torch::zeros({10}, torch::requires_grad()),
+                                     torch::zeros({3}, torch::dtype(torch::kFloat64).requires_grad(true)),
+                                     torch::zeros({2}, torch::requires_grad(false))};
+    mpiml::GradAverager avg(ps);
+    EXPECT_EQ(avg.size(), 2u);
+    mpiml::GradAverager moved(std::move(avg));
+    for (int step = 0; step < 3; ++step) {
+        for (auto& p : ps)
+            if (p.requires_grad()) p.mutable_grad() = torch::full_like(p, rank() + step);
+        moved();
+        EXPECT_TRUE(torch::allclose(ps[0].grad(), torch::full_like(ps[0], (size() - 1) / 2.0 + step)));
+        EXPECT_TRUE(torch::allclose(ps[1].grad(), torch::full_like(ps[1], (size() - 1) / 2.0 + step)));
+    }
+    EXPECT_FALSE(ps[2].grad().defined());
+}
 
 TEST(TorchGradViews, GradientsStayViewsAcrossSteps) {
     torch::manual_seed(3);

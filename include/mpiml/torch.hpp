@@ -15,6 +15,7 @@
 #include <torch/types.h>
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 namespace mpiml {
@@ -93,6 +94,45 @@ void mpi_avg_grads(const std::shared_ptr<M>& module, const AvgGradsOptions& opts
                    Comm comm = {}) {
     mpi_avg_grads(*module, opts, comm);
 }
+
+namespace detail {
+struct GradAveragerImpl;
+}
+
+/// Per-model gradient averaging that holds its plan, buffers and shared
+/// buckets (as c10d's Reducer): `GradAverager avg(model, opts); ... avg();`.
+/// The parameter list is captured at construction (the parameters are kept
+/// alive); construction and destruction are collective over comm, as is each
+/// call. Each call averages the gradients exactly as mpi_avg_grads does.
+class GradAverager {
+public:
+    explicit GradAverager(torch::nn::Module& module, const AvgGradsOptions& opts = {},
+                          Comm comm = {});
+    explicit GradAverager(const std::vector<torch::Tensor>& params,
+                          const AvgGradsOptions& opts = {}, Comm comm = {});
+    template <class M>
+    explicit GradAverager(const torch::nn::ModuleHolder<M>& holder,
+                          const AvgGradsOptions& opts = {}, Comm comm = {})
+        : GradAverager(*holder.ptr(), opts, comm) {}
+    template <class M>
+        requires std::derived_from<M, torch::nn::Module>
+    explicit GradAverager(const std::shared_ptr<M>& module, const AvgGradsOptions& opts = {},
+                          Comm comm = {})
+        : GradAverager(static_cast<torch::nn::Module&>(*module), opts, comm) {}
+    ~GradAverager();
+    GradAverager(GradAverager&&) noexcept;
+    GradAverager& operator=(GradAverager&&) noexcept;
+    GradAverager(const GradAverager&) = delete;
+    GradAverager& operator=(const GradAverager&) = delete;
+
+    /// Averages the gradients of the captured parameters across comm.
+    void operator()();
+    /// Parameters whose gradients are averaged.
+    std::size_t size() const;
+
+private:
+    std::unique_ptr<detail::GradAveragerImpl> impl_;
+};
 
 /// Elementwise average of a tensor over all ranks, as a new tensor of the
 /// same shape, device and dtype (e.g. PPO's approximate KL for early stopping).

@@ -1,0 +1,49 @@
+// The watchdog thread reads the deadline while the program changes it and runs
+// collectives (run under ThreadSanitizer in CI); a deadline that is not
+// exceeded never fires.
+#include <mpiml/mpiml.hpp>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+TEST(Watchdog, DeadlineChangedWhileArmed) {
+    const int n = mpiml::num_procs();
+    const double before = mpiml::timeout();
+    for (int i = 0; i < 300; ++i) {
+        const double t = 30.0 + i % 7;
+        mpiml::set_timeout(t);
+        EXPECT_EQ(mpiml::timeout(), t);
+        std::vector<int> x(1 + i % 5, 1);
+        mpiml::allreduce(x, mpiml::Op::sum);
+        EXPECT_EQ(x[0], n);
+        if (i % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(60));  // a watchdog tick
+    }
+    mpiml::set_timeout(0);
+    EXPECT_EQ(mpiml::timeout(), 0.0);
+    mpiml::barrier();
+    mpiml::set_timeout(before);
+}
+
+TEST(Watchdog, SettingsReadFromAnotherThread) {
+    // set_timeout/set_check on one thread, timeout()/check_enabled() on another.
+    std::atomic<bool> done{false};
+    std::thread reader([&] {
+        double sum = 0;
+        while (!done.load()) sum += mpiml::timeout() + (mpiml::check_enabled() ? 1 : 0);
+        EXPECT_GE(sum, 0.0);
+    });
+    const bool check = mpiml::check_enabled();
+    for (int i = 0; i < 1000; ++i) {
+        mpiml::set_timeout(10.0 + i % 3);
+        mpiml::set_check(i % 2 == 0);
+    }
+    done = true;
+    reader.join();
+    mpiml::set_check(check);
+    mpiml::set_timeout(0);
+    mpiml::barrier();
+}
