@@ -157,47 +157,36 @@ def broadcast(x, root=0, comm=None):
     _core.broadcast(x, int(root), comm)
 
 
-def _is_logical(op):
-    if isinstance(op, str):
-        return op in (LAND, LOR, LXOR, BAND, BOR, BXOR)
-    mpi = sys.modules.get("mpi4py.MPI")
-    return mpi is not None and any(op == o for o in (mpi.LAND, mpi.LOR, mpi.LXOR, mpi.BAND,
-                                                       mpi.BOR, mpi.BXOR))
-
-
-def _reduce(x, op, avg, comm, call):
-    scalar = np.isscalar(x)
-    a = _array(x, call)
-    if a.dtype == np.float16:  # no MPI datatype: reduced in float32
-        out = _reduce(a.astype(np.float32), op, avg, comm, call)
-        return np.float16(out) if scalar else out.astype(np.float16)
-    if avg:
-        return _core.avg(a, scalar, comm)
-    if a.dtype == np.bool_ and not _is_logical(op):  # True counts as 1, as numpy's sum
-        a = a.astype(np.int64)
-    return _core.reduce(a, op, scalar, comm)
+def _is_torch(x):
+    return type(x).__module__ == "torch" and hasattr(x, "detach")
 
 
 def mpi_op(x, op, comm=None):
     """op over ranks of a scalar (-> numpy scalar) or array-like (-> new numpy
     array of the same shape and dtype)."""
-    return _reduce(x, op, False, comm, "mpi_op")
+    if _is_torch(x):
+        x = _torch_array(x, "mpi_op")
+    return _core.reduce(x, op, comm)
 
 
 def mpi_sum(x, comm=None):
     """Sum of a scalar or array-like over ranks."""
-    return _reduce(x, SUM, False, comm, "mpi_sum")
+    if _is_torch(x):
+        x = _torch_array(x, "mpi_sum")
+    return _core.reduce(x, SUM, comm)
 
 
 def mpi_avg(x, comm=None):
     """Average of a scalar or array-like over ranks (integers: float64)."""
-    return _reduce(x, None, True, comm, "mpi_avg")
+    if _is_torch(x):
+        x = _torch_array(x, "mpi_avg")
+    return _core.avg(x, comm)
 
 
 def mpi_statistics_scalar(x, with_min_and_max=False, comm=None):
     """(mean, std) or (mean, std, min, max) of all ranks' samples pooled
     (population std), in one collective. Raises NoSamplesError on every rank
     when no rank has a sample."""
-    if type(x) is not np.ndarray:
-        x = _array(x, "mpi_statistics_scalar")
+    if _is_torch(x):
+        x = _torch_array(x, "mpi_statistics_scalar")
     return _core.statistics(x, with_min_and_max, comm)

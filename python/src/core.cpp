@@ -133,10 +133,33 @@ void py_allreduce(py::handle send_h, py::array recv, py::handle op_h, py::handle
 
 // A new array: op over ranks of x (same dtype); with avg, the sum divided by
 // the number of ranks (integers and bool as float64).
-py::object py_reduce(py::array x, py::handle op_h, bool avg, bool scalar, py::handle comm_h,
-                     const char* call) {
+bool is_logical(const ReduceOp& op) {
+    const auto k = op.known();
+    return k && (*k == Op::land || *k == Op::lor || *k == Op::lxor || *k == Op::band ||
+                 *k == Op::bor || *k == Op::bxor);
+}
+
+// x as an array without a copy when it is one; anything else through numpy's conversion.
+py::array as_array(py::handle x) {
+    if (PyArray_Check(x.ptr())) return py::reinterpret_borrow<py::array>(x);
+    PyObject* a = PyArray_FromAny(x.ptr(), nullptr, 0, 0, 0, nullptr);
+    if (!a) throw py::error_already_set();
+    return py::reinterpret_steal<py::array>(a);
+}
+
+py::object py_reduce(py::handle x_h, py::handle op_h, bool avg, py::handle comm_h, const char* call) {
+    // np.isscalar(x), as the seed: Python and numpy scalars give a numpy scalar.
+    const bool scalar = PyArray_IsAnyScalar(x_h.ptr());
+    py::array x = as_array(x_h);
     const Comm comm = to_comm(comm_h);
     const ReduceOp op = avg ? ReduceOp(Op::sum) : to_op(op_h, call);
+    if (x.dtype().kind() == 'f' && x.dtype().itemsize() == 2) {  // float16: reduced in float32
+        py::object r = py_reduce(x.attr("astype")("float32"), op_h, avg, comm_h, call);
+        r = r.attr("astype")("float16");
+        return scalar ? py::object(r[py::tuple()]) : r;
+    }
+    if (!avg && x.dtype().kind() == 'b' && !is_logical(op))  // True counts 1, as numpy's sum
+        x = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(x);
     Elem e = elem_of(x, call);
     if (avg && (e.cls == TypeClass::integer || e.cls == TypeClass::logical)) {
         x = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(x);
@@ -181,8 +204,9 @@ py::object numpy_scalar(double v, int npy_type) {
 }
 
 // mpi_statistics_scalar: one collective through the C++ core.
-py::tuple py_statistics(py::array x, bool with_min_and_max, py::handle comm_h) {
+py::tuple py_statistics(py::handle x_h, bool with_min_and_max, py::handle comm_h) {
     static const char* call = "mpi_statistics_scalar";
+    py::array x = as_array(x_h);
     const Comm comm = to_comm(comm_h);
     int out_type = NPY_DOUBLE;
     if (!(x.flags() & py::array::c_style)) x = py::array::ensure(x, py::array::c_style);
@@ -281,11 +305,11 @@ PYBIND11_MODULE(_core, m) {
 
     m.def("allreduce", &py_allreduce, py::arg("sendbuf"), py::arg("recvbuf"), py::arg("op"),
           py::arg("comm"));
-    m.def("reduce", [](py::array x, py::handle op, bool scalar, py::handle comm) {
-        return py_reduce(x, op, false, scalar, comm, "mpi_op");
+    m.def("reduce", [](py::handle x, py::handle op, py::handle comm) {
+        return py_reduce(x, op, false, comm, "mpi_op");
     });
-    m.def("avg", [](py::array x, bool scalar, py::handle comm) {
-        return py_reduce(x, py::none(), true, scalar, comm, "mpi_avg");
+    m.def("avg", [](py::handle x, py::handle comm) {
+        return py_reduce(x, py::none(), true, comm, "mpi_avg");
     });
     m.def("statistics", &py_statistics);
     m.def("broadcast", &py_broadcast);

@@ -244,3 +244,12 @@ def test_options_and_profiling(tmp_path_factory):
         text = f.read()
     assert "decorated" in text and "block" in text
     json.loads(text)
+
+
+def test_scalar_kinds_as_seed():
+    assert type(mt.mpi_sum(np.float16(1))) is np.float16 and mt.mpi_sum(np.float16(1)) == SIZE
+    assert type(mt.mpi_avg(True)) is np.float64
+    assert mt.mpi_sum(True) == SIZE
+    zero_d = mt.mpi_sum(np.array(2.0))  # a 0-d array is not a scalar (np.isscalar), as the seed
+    assert isinstance(zero_d, np.ndarray) and zero_d.shape == () and zero_d == 2.0 * SIZE
+    assert isinstance(seed.mpi_sum(np.array(2.0)), np.ndarray)
