@@ -254,6 +254,13 @@ class PyRegion {
 public:
     explicit PyRegion(std::string name) : name_(std::move(name)) {}
     void enter() {
+        // MPIML_PROFILE starts profiling when MPI is initialized: a region
+        // opened before the first collective initializes it.
+        static const bool from_env = [] {
+            const char* v = std::getenv("MPIML_PROFILE");
+            return v && *v;
+        }();
+        if (from_env) ensure_initialized_py();
         if (profiling()) r_ = std::make_unique<Region>(name_);
     }
     void exit() { r_.reset(); }

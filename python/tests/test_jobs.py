@@ -184,3 +184,31 @@ def test_mpi_fork_is_a_no_op_for_one_rank_and_in_mpi(tmp_path):
         """)
     p = subprocess.run([PY, script], capture_output=True, text=True, timeout=60, env=clean_env())
     assert p.returncode == 0 and p.stdout.split() == ["single", "1"], p.stdout + p.stderr
+
+
+def test_environment_options_from_python(tmp_path):
+    """MPIML_PROFILE writes the profile of a Python job; MPIML_TIMEOUT ends a
+    job whose rank 0 waits in a collective for a rank that never comes."""
+    script = write(tmp_path, "env.py", """
+        import sys, time
+        import numpy as np
+        import mpiml, mpiml.mpi_tools as mt
+        with mpiml.region("python_region"):
+            mt.mpi_sum(np.ones(4))
+        if sys.argv[1] == "hang" and mt.proc_id() == 1:
+            time.sleep(60)
+        mt.mpi_sum(np.ones(4))
+        """)
+    prof = tmp_path / "prof"
+    env = clean_env(MPIML_PROFILE=str(prof))
+    p = subprocess.run(mpirun(2, PY, script, "ok"), capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "python_region" in (prof / "profile_1.json").read_text()
+    assert (prof / "timeline.json").exists()
+    env = clean_env(MPIML_TIMEOUT="2")
+    t0 = time.monotonic()
+    p = subprocess.run(mpirun(2, PY, script, "hang"), capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert p.returncode != 0 and time.monotonic() - t0 < 30
+    assert "[mpiml] rank 0/2" in p.stdout + p.stderr, p.stdout + p.stderr
