@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -340,6 +341,29 @@ PYBIND11_MODULE(_core, m) {
         abort_job(what, code);
     });
     m.def("install_failure_handlers", [] { install_failure_handlers(); });
+
+    // Benchmark hooks: k calls of the C++ API in a C++ loop (bench/peers/mpiml_peer.py
+    // times them beside the Python calls, in the same process).
+    m.def("_bench_statistics", [](py::array_t<float, py::array::c_style> x, bool mm, int k) {
+        std::span<const float> v(x.data(), static_cast<std::size_t>(x.size()));
+        double sink = 0;
+        py::gil_scoped_release nogil;
+        for (int i = 0; i < k; ++i) sink += mpi_statistics_scalar(v, mm).std;
+        return sink;
+    });
+    m.def("_bench_avg_scalar", [](double x, int k) {
+        double sink = 0;
+        py::gil_scoped_release nogil;
+        for (int i = 0; i < k; ++i) sink += mpi_avg(x);
+        return sink;
+    });
+    m.def("_bench_avg_vector", [](py::array_t<float, py::array::c_style> x, int k) {
+        std::span<const float> v(x.data(), static_cast<std::size_t>(x.size()));
+        double sink = 0;
+        py::gil_scoped_release nogil;
+        for (int i = 0; i < k; ++i) sink += mpi_avg(v)[0];
+        return sink;
+    });
 
     // The C++ launcher's plan: (launcher argv, environment), bytes, byte-exact.
     m.def("plan_fork", [](int n, bool bind_to_core) {

@@ -126,6 +126,12 @@ PYBIND11_MODULE(_torch, m) {
         py::gil_scoped_release nogil;
         mpiml::sync_params(ts, root, c);
     }, py::arg("module"), py::arg("root") = 0, py::arg("comm") = py::none());
+    // Benchmark hook: k calls of the C++ API on the same tensors, in a C++ loop.
+    m.def("_bench_avg_grads", [](py::handle module, int k) {
+        auto ts = tensors_of(module, true, false, "mpi_avg_grads");
+        py::gil_scoped_release nogil;
+        for (int i = 0; i < k; ++i) mpiml::mpi_avg_grads(ts);
+    });
     m.def("mpi_avg", [](const at::Tensor& x, py::handle comm) {
         const mpiml::Comm c = to_comm(comm);
         py::gil_scoped_release nogil;
