@@ -34,11 +34,15 @@ struct Elem {
     TypeClass cls;
 };
 
+PyArray_Descr* descr(const py::array& a) {
+    return PyArray_DESCR(reinterpret_cast<PyArrayObject*>(a.ptr()));
+}
+
 Elem elem_of(const py::array& a, const char* call) {
-    const auto dt = a.dtype();
-    const char kind = dt.kind();
-    const auto size = dt.itemsize();
-    if (dt.byteorder() == '>')
+    const PyArray_Descr* d = descr(a);
+    const char kind = d->kind;
+    const auto size = d->elsize;
+    if (d->byteorder == '>')
         raise("DtypeError", call, "big-endian arrays are not supported; use .astype(its native dtype)");
     switch (kind) {
         case 'f':
@@ -67,7 +71,7 @@ Elem elem_of(const py::array& a, const char* call) {
             break;
     }
     raise("DtypeError", call,
-          "dtype " + std::string(py::str(static_cast<const py::handle&>(dt))) +
+          "dtype " + std::string(py::str(a.dtype().attr("name"))) +
               " has no MPI datatype (use bool, int8-64, uint8-64, float32/64, complex64/128)");
 }
 
@@ -148,18 +152,37 @@ py::array as_array(py::handle x) {
     return py::reinterpret_steal<py::array>(a);
 }
 
+py::object numpy_scalar(double v, int npy_type);
+
 py::object py_reduce(py::handle x_h, py::handle op_h, bool avg, py::handle comm_h, const char* call) {
+    if (PyFloat_CheckExact(x_h.ptr())) {  // the common case (PPO's KL): no array at all
+        const Comm comm = to_comm(comm_h);
+        const ReduceOp op = avg ? ReduceOp(Op::sum) : to_op(op_h, call);
+        const double v = PyFloat_AS_DOUBLE(x_h.ptr());
+        double out = 0.0;
+        const MPI_Comm c = comm.get(call);
+        {
+            py::gil_scoped_release nogil;
+            detail::allreduce(&v, &out, 1, MPI_DOUBLE, TypeClass::floating, op, c, call);
+            if (avg) {
+                int size = 1;
+                MPI_Comm_size(c, &size);
+                out /= size;
+            }
+        }
+        return numpy_scalar(out, NPY_DOUBLE);
+    }
     // np.isscalar(x), as the seed: Python and numpy scalars give a numpy scalar.
     const bool scalar = PyArray_IsAnyScalar(x_h.ptr());
     py::array x = as_array(x_h);
     const Comm comm = to_comm(comm_h);
     const ReduceOp op = avg ? ReduceOp(Op::sum) : to_op(op_h, call);
-    if (x.dtype().kind() == 'f' && x.dtype().itemsize() == 2) {  // float16: reduced in float32
+    if (descr(x)->kind == 'f' && descr(x)->elsize == 2) {  // float16: reduced in float32
         py::object r = py_reduce(x.attr("astype")("float32"), op_h, avg, comm_h, call);
         r = r.attr("astype")("float16");
         return scalar ? py::object(r[py::tuple()]) : r;
     }
-    if (!avg && x.dtype().kind() == 'b' && !is_logical(op))  // True counts 1, as numpy's sum
+    if (!avg && descr(x)->kind == 'b' && !is_logical(op))  // True counts 1, as numpy's sum
         x = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(x);
     Elem e = elem_of(x, call);
     if (avg && (e.cls == TypeClass::integer || e.cls == TypeClass::logical)) {
@@ -167,7 +190,9 @@ py::object py_reduce(py::handle x_h, py::handle op_h, bool avg, py::handle comm_
         e = {MPI_DOUBLE, TypeClass::floating};
     }
     if (!(x.flags() & py::array::c_style)) x = py::array::ensure(x, py::array::c_style);
-    py::array out(x.dtype(), std::vector<py::ssize_t>(x.shape(), x.shape() + x.ndim()));
+    PyObject* o_raw = PyArray_NewLikeArray(reinterpret_cast<PyArrayObject*>(x.ptr()), NPY_CORDER, nullptr, 0);
+    if (!o_raw) throw py::error_already_set();
+    auto out = py::reinterpret_steal<py::array>(o_raw);
     const MPI_Comm c = comm.get(call);
     const auto n = static_cast<std::size_t>(x.size());
     void* o = out.mutable_data();
@@ -214,8 +239,8 @@ py::tuple py_statistics(py::handle x_h, bool with_min_and_max, py::handle comm_h
     const auto n = static_cast<std::size_t>(x.size());
     const MPI_Comm c = comm.get(call);
     Statistics s;
-    const char kind = x.dtype().kind();
-    if (kind == 'f' && x.dtype().itemsize() == 4 && x.dtype().byteorder() != '>') {
+    const char kind = descr(x)->kind;
+    if (kind == 'f' && descr(x)->elsize == 4 && descr(x)->byteorder != '>') {
         out_type = NPY_FLOAT;
         std::span<const float> v(static_cast<const float*>(x.data()), n);
         py::gil_scoped_release nogil;
