@@ -157,6 +157,21 @@ void statistics(const std::vector<long>& sizes, const bench::Protocol& proto) {
     }
 }
 
+// The seed's mpi_avg: a scalar (PPO's approximate KL) and a small vector.
+void averages(const bench::Protocol& proto) {
+    const float scalar = static_cast<float>(bench::rank()) + 0.5f;
+    std::vector<float> vec(1000);
+    for (std::size_t i = 0; i < vec.size(); ++i) vec[i] = static_cast<float>(i + bench::rank());
+    std::vector<bench::Variant> vs = {{"mpiml", [&] { sink = sink + mpiml::mpi_avg(scalar); }}};
+    std::vector<bench::Variant> vv = {{"mpiml", [&] { sink = sink + mpiml::mpi_avg(vec)[0]; }}};
+    for (auto [elements, variants] : {std::pair{1, &vs}, std::pair{1000, &vv}}) {
+        const auto t = bench::measure(*variants, proto);
+        if (bench::rank() != 0) continue;
+        for (const auto& x : t)
+            bench::timing_json("mpi_avg", "mpi_avg", x).add("elements", elements).print();
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -168,7 +183,7 @@ int main(int argc, char** argv) {
     const auto max_bytes =
         static_cast<std::size_t>(std::stod(bench::arg(argc, argv, "max-bytes", "67108864")));
     const auto step = static_cast<std::size_t>(std::stoi(bench::arg(argc, argv, "step", "2")));
-    const std::string parts = bench::arg(argc, argv, "parts", "sweep,pagefault,stats");
+    const std::string parts = bench::arg(argc, argv, "parts", "sweep,pagefault,stats,avg");
     if (bench::rank() == 0) {
         char version[MPI_MAX_LIBRARY_VERSION_STRING];
         int len = 0;
@@ -181,5 +196,6 @@ int main(int argc, char** argv) {
     if (parts.find("pagefault") != std::string::npos) pagefault(proto);
     if (parts.find("stats") != std::string::npos)
         statistics(parse_list(bench::arg(argc, argv, "stats-sizes", "1000,1000000")), proto);
+    if (parts.find("avg") != std::string::npos) averages(proto);
     return 0;
 }

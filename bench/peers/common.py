@@ -202,3 +202,13 @@ def model_info(model):
     params = list(model.parameters())
     return {"tensors": len(params), "values": int(sum(p.numel() for p in params)),
             "bytes": int(sum(p.numel() * p.element_size() for p in params))}
+
+
+def bench_avg(comm, rank, size, impl, mpi_avg, rounds, round_s):
+    """mpi_avg of a float scalar (PPO's approximate KL) and of 1000 float32."""
+    scalar = float(rank) + 0.5
+    vec = (np.arange(1000) + rank).astype(np.float32)
+    for elements, x in ((1, scalar), (1000, vec)):
+        v = Variant(impl, lambda: mpi_avg(x))
+        for t in measure(comm, [v], rounds, round_s):
+            emit(rank, "mpi_avg", "mpi_avg", size, t, elements=elements)

@@ -1,7 +1,7 @@
 """The seed's Python implementation (bench/seed) on the benchmark workloads:
 mpi_avg_grads and sync_params on the benchmark models, mpi_statistics_scalar.
 
-  mpirun -np 2 /usr/bin/python3 bench/peers/seed_peer.py [--parts=grads,stats]
+  mpirun -np 2 /usr/bin/python3 bench/peers/seed_peer.py [--parts=grads,stats,avg]
       [--models=ac64,ac256,resnet50] [--stats-sizes=1000,1000000]
       [--rounds=7] [--round-ms=20]
 
@@ -30,7 +30,7 @@ def main():
     comm = MpiComm()
     rounds = int(common.arg("rounds", "7"))
     round_s = float(common.arg("round-ms", "20")) * 1e-3
-    parts = common.arg("parts", "grads,stats")
+    parts = common.arg("parts", "grads,stats,avg")
 
     if "grads" in parts:
         for name in common.arg("models", "ac64,ac256,resnet50").split(","):
@@ -56,6 +56,9 @@ def main():
             for t in common.measure(comm, variants, rounds, round_s):
                 common.emit(rank, "statistics", "mpi_statistics_scalar", size, t,
                             samples_per_rank=n)
+
+    if "avg" in parts:
+        common.bench_avg(comm, rank, size, "seed_python", mpi_tools.mpi_avg, rounds, round_s)
 
 
 if __name__ == "__main__":

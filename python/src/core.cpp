@@ -1,12 +1,401 @@
-// mpiml._core: the core library for Python.
+// mpiml._core: the core library for Python (numpy arrays zero-copy through
+// the buffer protocol; every collective goes through mpiml's C++ core).
 #include <mpiml/mpiml.hpp>
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <atomic>
+#include <complex>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
 
 namespace py = pybind11;
 
+
+namespace {
+
+using namespace mpiml;
+using namespace mpiml::python;
+
+// ------------------------------------------------------------ dtypes
+struct Elem {
+    MPI_Datatype type;
+    TypeClass cls;
+};
+
+PyArray_Descr* descr(const py::array& a) {
+    return PyArray_DESCR(reinterpret_cast<PyArrayObject*>(a.ptr()));
+}
+
+Elem elem_of(const py::array& a, const char* call) {
+    const PyArray_Descr* d = descr(a);
+    const char kind = d->kind;
+    const auto size = d->elsize;
+    if (d->byteorder == '>')
+        raise("DtypeError", call, "big-endian arrays are not supported; use .astype(its native dtype)");
+    switch (kind) {
+        case 'f':
+            if (size == 4) return {MPI_FLOAT, TypeClass::floating};
+            if (size == 8) return {MPI_DOUBLE, TypeClass::floating};
+            break;
+        case 'i':
+            if (size == 1) return {MPI_SIGNED_CHAR, TypeClass::integer};
+            if (size == 2) return {MPI_SHORT, TypeClass::integer};
+            if (size == 4) return {MPI_INT, TypeClass::integer};
+            if (size == 8) return {MPI_LONG, TypeClass::integer};
+            break;
+        case 'u':
+            if (size == 1) return {MPI_UNSIGNED_CHAR, TypeClass::integer};
+            if (size == 2) return {MPI_UNSIGNED_SHORT, TypeClass::integer};
+            if (size == 4) return {MPI_UNSIGNED, TypeClass::integer};
+            if (size == 8) return {MPI_UNSIGNED_LONG, TypeClass::integer};
+            break;
+        case 'b':
+            return {MPI_CXX_BOOL, TypeClass::logical};
+        case 'c':
+            if (size == 8) return {MPI_CXX_FLOAT_COMPLEX, TypeClass::complex};
+            if (size == 16) return {MPI_CXX_DOUBLE_COMPLEX, TypeClass::complex};
+            break;
+        default:
+            break;
+    }
+    raise("DtypeError", call,
+          "dtype " + std::string(py::str(a.dtype().attr("name"))) +
+              " has no MPI datatype (use bool, int8-64, uint8-64, float32/64, complex64/128)");
+}
+
+std::string dtype_str(const py::array& a) { return py::str(a.dtype().attr("name")); }
+
+bool contiguous(const py::array& a) {
+    return (a.flags() & (py::array::c_style | py::array::f_style)) != 0;
+}
+
+void check_buffer(const py::array& a, const char* call, const char* what, bool writable) {
+    if (!contiguous(a))
+        raise("ArgumentError", call,
+              std::string(what) + " is not contiguous; pass np.ascontiguousarray(...) (a copy)");
+    if (writable && !a.writeable()) raise("ArgumentError", call, std::string(what) + " is read-only");
+}
+
+ReduceOp to_op(py::handle op, const char* call) {
+    if (py::isinstance<py::str>(op)) {
+        const auto s = op.cast<std::string>();
+        static const std::pair<const char*, Op> names[] = {
+            {"sum", Op::sum}, {"prod", Op::prod}, {"min", Op::min},   {"max", Op::max},
+            {"land", Op::land}, {"lor", Op::lor}, {"lxor", Op::lxor}, {"band", Op::band},
+            {"bor", Op::bor},   {"bxor", Op::bxor}};
+        for (const auto& [n, o] : names)
+            if (s == n) return o;
+        raise("ArgumentError", call, "unknown op '" + s + "' (use sum, prod, min, max, land, lor, lxor, band, bor, bxor)");
+    }
+    if (py::hasattr(op, "py2f")) {  // mpi4py's MPI.Op
+        const MPI_Op o = MPI_Op_f2c(op.attr("py2f")().cast<MPI_Fint>());
+        if (o == MPI_OP_NULL) raise("ArgumentError", call, "op is MPI.OP_NULL");
+        return o;
+    }
+    raise("ArgumentError", call, "op must be an op name ('sum', 'max', ...) or an mpi4py MPI.Op, got " +
+                                     std::string(py::str(py::type::of(op).attr("__name__"))));
+}
+
+// allreduce(send or None (in place), recv, op, comm)
+void py_allreduce(py::handle send_h, py::array recv, py::handle op_h, py::handle comm_h) {
+    static const char* call = "allreduce";
+    const Comm comm = to_comm(comm_h);
+    const ReduceOp op = to_op(op_h, call);
+    check_buffer(recv, call, "recvbuf", true);
+    const Elem e = elem_of(recv, call);
+    const void* send = MPI_IN_PLACE;
+    py::array sa;
+    if (!send_h.is_none()) {
+        if (!py::isinstance<py::array>(send_h))
+            raise("ArgumentError", call, "sendbuf must be a numpy array or IN_PLACE");
+        sa = py::reinterpret_borrow<py::array>(send_h);
+        check_buffer(sa, call, "sendbuf", false);
+        if (!sa.dtype().is(recv.dtype()))
+            raise("DtypeError", call, "sendbuf has dtype " + dtype_str(sa) +
+                                          " but recvbuf has " + dtype_str(recv));
+        if (sa.size() != recv.size())
+            raise("ArgumentError", call, "sendbuf has " + std::to_string(sa.size()) +
+                                             " elements but recvbuf has " + std::to_string(recv.size()));
+        send = sa.data();
+    }
+    void* out = recv.mutable_data();
+    const MPI_Comm c = comm.get(call);
+    py::gil_scoped_release nogil;
+    detail::allreduce(send, out, static_cast<std::size_t>(recv.size()), e.type, e.cls, op, c, call);
+}
+
+// A new array: op over ranks of x (same dtype); with avg, the sum divided by
+// the number of ranks (integers and bool as float64).
+bool is_logical(const ReduceOp& op) {
+    const auto k = op.known();
+    return k && (*k == Op::land || *k == Op::lor || *k == Op::lxor || *k == Op::band ||
+                 *k == Op::bor || *k == Op::bxor);
+}
+
+// x as an array without a copy when it is one; anything else through numpy's conversion.
+py::array as_array(py::handle x) {
+    if (PyArray_Check(x.ptr())) return py::reinterpret_borrow<py::array>(x);
+    PyObject* a = PyArray_FromAny(x.ptr(), nullptr, 0, 0, 0, nullptr);
+    if (!a) throw py::error_already_set();
+    return py::reinterpret_steal<py::array>(a);
+}
+
+py::object numpy_scalar(double v, int npy_type);
+
+py::object py_reduce(py::handle x_h, py::handle op_h, bool avg, py::handle comm_h, const char* call) {
+    if (PyFloat_CheckExact(x_h.ptr())) {  // the common case (PPO's KL): no array at all
+        const Comm comm = to_comm(comm_h);
+        const ReduceOp op = avg ? ReduceOp(Op::sum) : to_op(op_h, call);
+        const double v = PyFloat_AS_DOUBLE(x_h.ptr());
+        double out = 0.0;
+        const MPI_Comm c = comm.get(call);
+        {
+            py::gil_scoped_release nogil;
+            detail::allreduce(&v, &out, 1, MPI_DOUBLE, TypeClass::floating, op, c, call);
+            if (avg) {
+                int size = 1;
+                MPI_Comm_size(c, &size);
+                out /= size;
+            }
+        }
+        return numpy_scalar(out, NPY_DOUBLE);
+    }
+    // np.isscalar(x), as the seed: Python and numpy scalars give a numpy scalar.
+    const bool scalar = PyArray_IsAnyScalar(x_h.ptr());
+    py::array x = as_array(x_h);
+    const Comm comm = to_comm(comm_h);
+    const ReduceOp op = avg ? ReduceOp(Op::sum) : to_op(op_h, call);
+    if (descr(x)->kind == 'f' && descr(x)->elsize == 2) {  // float16: reduced in float32
+        py::object r = py_reduce(x.attr("astype")("float32"), op_h, avg, comm_h, call);
+        r = r.attr("astype")("float16");
+        return scalar ? py::object(r[py::tuple()]) : r;
+    }
+    if (!avg && descr(x)->kind == 'b' && !is_logical(op))  // True counts 1, as numpy's sum
+        x = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(x);
+    Elem e = elem_of(x, call);
+    if (avg && (e.cls == TypeClass::integer || e.cls == TypeClass::logical)) {
+        x = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(x);
+        e = {MPI_DOUBLE, TypeClass::floating};
+    }
+    if (!(x.flags() & py::array::c_style)) x = py::array::ensure(x, py::array::c_style);
+    PyObject* o_raw = PyArray_NewLikeArray(reinterpret_cast<PyArrayObject*>(x.ptr()), NPY_CORDER, nullptr, 0);
+    if (!o_raw) throw py::error_already_set();
+    auto out = py::reinterpret_steal<py::array>(o_raw);
+    const MPI_Comm c = comm.get(call);
+    const auto n = static_cast<std::size_t>(x.size());
+    void* o = out.mutable_data();
+    {
+        py::gil_scoped_release nogil;
+        detail::allreduce(x.data(), o, n, e.type, e.cls, op, c, call);
+        if (avg) {
+            int size = 1;
+            MPI_Comm_size(c, &size);
+            if (e.type == MPI_FLOAT) {
+                auto* p = static_cast<float*>(o);
+                for (std::size_t i = 0; i < n; ++i) p[i] /= static_cast<float>(size);
+            } else if (e.type == MPI_DOUBLE) {
+                auto* p = static_cast<double*>(o);
+                for (std::size_t i = 0; i < n; ++i) p[i] /= static_cast<double>(size);
+            } else if (e.type == MPI_CXX_FLOAT_COMPLEX) {
+                auto* p = static_cast<std::complex<float>*>(o);
+                for (std::size_t i = 0; i < n; ++i) p[i] /= static_cast<float>(size);
+            } else if (e.type == MPI_CXX_DOUBLE_COMPLEX) {
+                auto* p = static_cast<std::complex<double>*>(o);
+                for (std::size_t i = 0; i < n; ++i) p[i] /= static_cast<double>(size);
+            }
+        }
+    }
+    if (scalar) return py::reinterpret_steal<py::object>(PyArray_Return(reinterpret_cast<PyArrayObject*>(out.release().ptr())));
+    return out;
+}
+
+py::object numpy_scalar(double v, int npy_type) {
+    if (npy_type == NPY_FLOAT) {
+        const float f = static_cast<float>(v);
+        return py::reinterpret_steal<py::object>(PyArray_Scalar(const_cast<float*>(&f), PyArray_DescrFromType(NPY_FLOAT), nullptr));
+    }
+    return py::reinterpret_steal<py::object>(PyArray_Scalar(&v, PyArray_DescrFromType(NPY_DOUBLE), nullptr));
+}
+
+// mpi_statistics_scalar: one collective through the C++ core.
+py::tuple py_statistics(py::handle x_h, bool with_min_and_max, py::handle comm_h) {
+    static const char* call = "mpi_statistics_scalar";
+    py::array x = as_array(x_h);
+    const Comm comm = to_comm(comm_h);
+    int out_type = NPY_DOUBLE;
+    if (!(x.flags() & py::array::c_style)) x = py::array::ensure(x, py::array::c_style);
+    const auto n = static_cast<std::size_t>(x.size());
+    const MPI_Comm c = comm.get(call);
+    Statistics s;
+    const char kind = descr(x)->kind;
+    if (kind == 'f' && descr(x)->elsize == 4 && descr(x)->byteorder != '>') {
+        out_type = NPY_FLOAT;
+        std::span<const float> v(static_cast<const float*>(x.data()), n);
+        py::gil_scoped_release nogil;
+        s = mpi_statistics_scalar(v, with_min_and_max, c);
+    } else {
+        if (!(kind == 'f' || kind == 'i' || kind == 'u' || kind == 'b'))
+            raise("DtypeError", call, "samples must be real numbers, got dtype " + dtype_str(x));
+        py::array_t<double, py::array::c_style | py::array::forcecast> d =
+            py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(x);
+        std::span<const double> v(d.data(), n);
+        py::gil_scoped_release nogil;
+        s = mpi_statistics_scalar(v, with_min_and_max, c);
+    }
+    if (with_min_and_max)
+        return py::make_tuple(numpy_scalar(s.mean, out_type), numpy_scalar(s.std, out_type),
+                              numpy_scalar(s.min, out_type), numpy_scalar(s.max, out_type));
+    return py::make_tuple(numpy_scalar(s.mean, out_type), numpy_scalar(s.std, out_type));
+}
+
+void py_broadcast(py::handle x_h, int root, py::handle comm_h) {
+    static const char* call = "broadcast";
+    const Comm comm = to_comm(comm_h);
+    if (!py::isinstance<py::array>(x_h))
+        raise("ArgumentError", call, std::string("x must be a numpy array (broadcast is in place), got ") +
+                                         std::string(py::str(py::type::of(x_h).attr("__name__"))));
+    auto x = py::reinterpret_borrow<py::array>(x_h);
+    check_buffer(x, call, "x", true);
+    const Elem e = elem_of(x, call);
+    void* p = x.mutable_data();
+    const MPI_Comm c = comm.get(call);
+    py::gil_scoped_release nogil;
+    detail::broadcast(p, static_cast<std::size_t>(x.size()), e.type, root, c, call);
+}
+
+// The Region context manager's state.
+class PyRegion {
+public:
+    explicit PyRegion(std::string name) : name_(std::move(name)) {}
+    void enter() {
+        // MPIML_PROFILE starts profiling when MPI is initialized: a region
+        // opened before the first collective initializes it.
+        static const bool from_env = [] {
+            const char* v = std::getenv("MPIML_PROFILE");
+            return v && *v;
+        }();
+        if (from_env) ensure_initialized_py();
+        if (profiling()) r_ = std::make_unique<Region>(name_);
+    }
+    void exit() { r_.reset(); }
+
+private:
+    std::string name_;
+    std::unique_ptr<Region> r_;
+};
+
+int thread_level_now() {
+    int p = -1;
+    if (is_initialized() && !is_finalized()) MPI_Query_thread(&p);
+    return p;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_core, m) {
-    m.doc() = "mpiml core (C++)";
-    m.def("proc_id", [] { return mpiml::proc_id(); });
-    m.def("num_procs", [] { return mpiml::num_procs(); });
+    m.doc() = "mpiml core (C++): use mpiml.mpi_tools";
+    if (_import_array() < 0) throw py::error_already_set();
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const mpiml::Error& e) {
+            translate(e);
+        }
+    });
+
+    m.def("init", &ensure_initialized_py, "Initializes MPI (THREAD_MULTIPLE) unless already initialized.");
+    m.def("is_initialized", [] { return is_initialized(); });
+    m.def("is_finalized", [] { return is_finalized(); });
+    m.def("thread_level", &thread_level_now);
+    m.def("finalize", [] { finalize(); });
+    // (rank, size) of MPI_COMM_WORLD if MPI is running, else None; never initializes.
+    m.def("world", []() -> py::object {
+        if (!is_initialized() || is_finalized()) return py::none();
+        int r = 0, n = 1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &r);
+        MPI_Comm_size(MPI_COMM_WORLD, &n);
+        return py::make_tuple(r, n);
+    });
+    m.def("proc_id", [](py::handle comm) { return proc_id(to_comm(comm)); }, py::arg("comm") = py::none());
+    m.def("num_procs", [](py::handle comm) { return num_procs(to_comm(comm)); }, py::arg("comm") = py::none());
+    m.def("barrier", [](py::handle comm) {
+        const Comm c = to_comm(comm);
+        py::gil_scoped_release nogil;
+        barrier(c);
+    }, py::arg("comm") = py::none());
+
+    m.def("allreduce", &py_allreduce, py::arg("sendbuf"), py::arg("recvbuf"), py::arg("op"),
+          py::arg("comm"));
+    m.def("reduce", [](py::handle x, py::handle op, py::handle comm) {
+        return py_reduce(x, op, false, comm, "mpi_op");
+    });
+    m.def("avg", [](py::handle x, py::handle comm) {
+        return py_reduce(x, py::none(), true, comm, "mpi_avg");
+    });
+    m.def("statistics", &py_statistics);
+    m.def("broadcast", &py_broadcast);
+
+    m.def("set_timeout", [](double s) { ensure_initialized_py(); set_timeout(s); });
+    m.def("timeout", [] { ensure_initialized_py(); return timeout(); });
+    m.def("set_check", [](bool on) { ensure_initialized_py(); set_check(on); });
+    m.def("check_enabled", [] { ensure_initialized_py(); return check_enabled(); });
+
+    m.def("profile_start", [](std::string dir) { ensure_initialized_py(); profile_start(std::move(dir)); });
+    m.def("profile_stop", [] { ensure_initialized_py(); profile_stop(); });
+    m.def("profiling", [] { return profiling(); });
+    m.def("profile_dir", [] { return profile_dir(); });
+    py::class_<PyRegion>(m, "Region")
+        .def(py::init<std::string>())
+        .def("enter", &PyRegion::enter)
+        .def("exit", &PyRegion::exit);
+
+    m.def("abort_job", [](const std::string& what, int code) {
+        std::fflush(nullptr);
+        abort_job(what, code);
+    });
+    m.def("install_failure_handlers", [] { install_failure_handlers(); });
+
+    // Benchmark hooks: k calls of the C++ API in a C++ loop (bench/peers/mpiml_peer.py
+    // times them beside the Python calls, in the same process).
+    m.def("_bench_statistics", [](py::array_t<float, py::array::c_style> x, bool mm, int k) {
+        std::span<const float> v(x.data(), static_cast<std::size_t>(x.size()));
+        double sink = 0;
+        py::gil_scoped_release nogil;
+        for (int i = 0; i < k; ++i) sink += mpi_statistics_scalar(v, mm).std;
+        return sink;
+    });
+    m.def("_bench_avg_scalar", [](double x, int k) {
+        double sink = 0;
+        py::gil_scoped_release nogil;
+        for (int i = 0; i < k; ++i) sink += mpi_avg(x);
+        return sink;
+    });
+    m.def("_bench_avg_vector", [](py::array_t<float, py::array::c_style> x, int k) {
+        std::span<const float> v(x.data(), static_cast<std::size_t>(x.size()));
+        double sink = 0;
+        py::gil_scoped_release nogil;
+        for (int i = 0; i < k; ++i) sink += mpi_avg(v)[0];
+        return sink;
+    });
+
+    // The C++ launcher's plan: (launcher argv, environment), bytes, byte-exact.
+    m.def("plan_fork", [](int n, bool bind_to_core) {
+        const auto plan = detail::plan_fork(n, bind_to_core);
+        py::list argv, env;
+        for (const auto& a : plan.argv) argv.append(py::bytes(a));
+        for (const auto& e : plan.env) env.append(py::bytes(e));
+        return py::make_tuple(argv, env);
+    });
 }

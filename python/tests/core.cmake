@@ -1,2 +1,6 @@
 # pytest suites of the core Python modules (one file per suite).
 mpiml_add_pytest(NAME pytest_smoke FILE tests/test_smoke.py RANKS 1 2)
+mpiml_add_pytest(NAME pytest_mpi_tools FILE tests/test_mpi_tools.py RANKS 1 2 3 TIMEOUT 120)
+mpiml_add_pytest(NAME pytest_mpi_pytorch FILE tests/test_mpi_pytorch.py RANKS 1 2 3 TIMEOUT 120)
+# Launches its own mpirun jobs (failures, import orders, mpi_fork): one rank.
+mpiml_add_pytest(NAME pytest_jobs FILE tests/test_jobs.py RANKS 1 TIMEOUT 240)

@@ -1,0 +1,50 @@
+"""The seed's mpi_pytorch on mpiml: drop-in for spinup.utils.mpi_pytorch.
+
+    setup_pytorch_for_mpi()
+    sync_params(module)
+    ...
+    loss.backward()
+    mpi_avg_grads(module)   # one fused C++ call: buckets, one allreduce each
+    optimizer.step()
+
+Differences from the seed (tested in python/tests/test_mpi_pytorch.py):
+- mpi_avg_grads: one call into mpiml's C++ core per call (gradients packed
+  into buckets, or reduced in place; the node shared-memory path when it
+  applies), dtype kept, a missing gradient (None) counts as zeros on that
+  rank (the seed raises AttributeError on that rank and hangs the others).
+- sync_params: parameters AND buffers (e.g. BatchNorm's running stats), bit
+  exact, after a cross-rank check that the modules match (a clear error on
+  every rank instead of a hang or a silent corruption).
+- every call takes an optional comm= (an mpi4py communicator).
+"""
+import torch  # noqa: F401  (before mpiml._torch: its type casters need torch)
+
+from . import _core  # noqa: F401  (exception translation)
+from . import _torch
+from .mpi_tools import broadcast, mpi_avg, num_procs, proc_id  # noqa: F401  (as the seed)
+
+__all__ = ["setup_pytorch_for_mpi", "mpi_avg_grads", "sync_params", "mpi_avg", "mpi_avg_tensor"]
+
+
+def setup_pytorch_for_mpi():
+    """Avoid slowdowns caused by each rank's PyTorch using more than its fair
+    share of CPU cores: each rank gets max(1, cores / ranks on its node)
+    intra-op threads (ranks bound to disjoint cores keep theirs)."""
+    _torch.setup_pytorch_for_mpi()
+
+
+def mpi_avg_grads(module, comm=None, gradient_as_bucket_view=False, bucket_cap_mb=25):
+    """Averages the gradients of module's parameters (or of an iterable of
+    parameters) across ranks, in place, in one fused C++ call."""
+    _torch.mpi_avg_grads(module, comm, int(bucket_cap_mb * (1 << 20)), gradient_as_bucket_view)
+
+
+def sync_params(module, root=0, comm=None):
+    """Makes every rank's parameters and buffers equal to root's."""
+    _torch.sync_params(module, root, comm)
+
+
+def mpi_avg_tensor(x, comm=None):
+    """Average of a tensor over ranks, as a new tensor of the same dtype and
+    device (integers: float64). mpi_avg (the seed's) returns numpy."""
+    return _torch.mpi_avg(x, comm)

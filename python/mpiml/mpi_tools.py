@@ -1,0 +1,195 @@
+"""The seed's mpi_tools on mpiml: drop-in for spinup.utils.mpi_tools.
+
+Same names, signatures and return kinds; differences from the seed (each
+tested in python/tests/test_mpi_tools.py):
+- dtype is kept (the seed casts everything to float32); integer and bool
+  averages are float64; Python ints are int64 and floats float64.
+- mpi_statistics_scalar is one collective, accumulated in double; float32
+  samples give numpy float32 results (as the seed), others float64. Ranks may
+  have no samples; when no rank has any, every rank raises NoSamplesError
+  (the seed returns nan on every rank, or fails on one rank only with
+  with_min_and_max).
+- mpi_fork relaunches with the exact original command line (python -m too),
+  the linked MPI's launcher with --oversubscribe / --allow-run-as-root as
+  needed, and exits with the job's exit status (the seed exits 0).
+- every call takes an optional comm= (None: MPI_COMM_WORLD, or an mpi4py
+  communicator); errors are mpiml.Error subclasses naming the call and rank.
+"""
+import os
+import sys
+
+import numpy as np
+
+from . import _core
+from .errors import ArgumentError, DtypeError
+from . import runtime as _runtime  # noqa: F401  (installs the excepthooks)
+
+__all__ = ["mpi_fork", "msg", "pprint", "proc_id", "allreduce", "num_procs", "broadcast",
+           "mpi_op", "mpi_sum", "mpi_avg", "mpi_statistics_scalar", "barrier", "IN_PLACE",
+           "SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"]
+
+# Reduction operations (mpi4py's MPI.SUM etc. are accepted too).
+SUM, PROD, MIN, MAX = "sum", "prod", "min", "max"
+LAND, LOR, LXOR, BAND, BOR, BXOR = "land", "lor", "lxor", "band", "bor", "bxor"
+
+
+class _InPlace:
+    def __repr__(self):
+        return "mpiml.IN_PLACE"
+
+
+IN_PLACE = _InPlace()
+
+_LAUNCHED_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+
+
+def mpi_fork(n, bind_to_core=False):
+    """Re-launches this Python program (same interpreter, same command line,
+    byte for byte) on n MPI ranks and exits with the job's exit status.
+    No-op when n <= 1, when IN_MPI is set, or when already started by an MPI
+    launcher. The launcher is chosen by mpiml's C++ mpi_fork (MPIML_MPIRUN
+    overrides it; MPIML_MPIRUN_FLAGS adds flags)."""
+    if n <= 1 or os.environ.get("IN_MPI"):
+        return
+    if any(v in os.environ for v in _LAUNCHED_VARS):
+        return
+    argv, env = _core.plan_fork(int(n), bool(bind_to_core))
+    orig = list(getattr(sys, "orig_argv", [sys.executable] + sys.argv))
+    # The plan ends with this process's own command line (/proc/self/cmdline).
+    program = len(argv) - len(orig)
+    argv = argv[:program] + [os.fsencode(sys.executable)] + [os.fsencode(a) for a in orig[1:]]
+    child_env = {}
+    for kv in env:
+        k, _, v = kv.partition(b"=")
+        child_env[k] = v
+    import subprocess
+    sys.stdout.flush()
+    sys.stderr.flush()
+    p = subprocess.Popen(argv, env=child_env)
+    while True:
+        try:
+            rc = p.wait()
+            break
+        except KeyboardInterrupt:
+            continue  # the launcher got the Ctrl-C too and ends the ranks
+    sys.exit(128 - rc if rc < 0 else rc)
+
+
+def msg(m, string=""):
+    """Every rank prints "Message from <rank>: <string> \\t <m>"."""
+    print(("Message from %d: %s \t " % (proc_id(), string)) + str(m), flush=True)
+
+
+def pprint(input_str="", end="\n", comm=None):
+    """Print for MPI parallel programs: only rank 0 of comm prints."""
+    if _core.proc_id(comm) == 0:
+        print(str(input_str) + end, end="", flush=True)
+
+
+def proc_id(comm=None):
+    """Rank of the calling process."""
+    return _core.proc_id(comm)
+
+
+def num_procs(comm=None):
+    """Number of MPI processes."""
+    return _core.num_procs(comm)
+
+
+def barrier(comm=None):
+    _core.barrier(comm)
+
+
+def _is_in_place(x):
+    if x is IN_PLACE:
+        return True
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and x is mpi.IN_PLACE
+
+
+def _torch_array(x, call):
+    if x.device.type != "cpu":
+        raise ArgumentError("%s: tensor is on %s; mpiml's Python collectives take CPU tensors "
+                            "(use .cpu())" % (call, x.device))
+    x = x.detach()
+    if x.is_conj():
+        x = x.resolve_conj()
+    try:
+        return x.numpy()
+    except TypeError as e:
+        raise DtypeError("%s: tensor dtype %s has no numpy equivalent (%s)" % (call, x.dtype, e)) \
+            from None
+
+
+def _array(x, call):
+    """x as a numpy array, without a copy when it already is one (or a CPU tensor)."""
+    if type(x) is np.ndarray:
+        return x
+    if isinstance(x, np.ndarray):
+        return x
+    if type(x).__module__ == "torch" and hasattr(x, "detach"):
+        return _torch_array(x, call)
+    return np.asarray(x)
+
+
+def _unwrap_spec(buf):
+    # mpi4py buffer specifications: [data, MPI.DATATYPE] or [data, count, MPI.DATATYPE].
+    if isinstance(buf, (list, tuple)) and 2 <= len(buf) <= 3 and hasattr(buf[-1], "Get_size"):
+        return buf[0]
+    return buf
+
+
+def allreduce(sendbuf, recvbuf, op=SUM, comm=None):
+    """recvbuf[i] = op over ranks of sendbuf[i] (mpi4py's Allreduce call
+    shape). sendbuf may be IN_PLACE (mpiml's or mpi4py's); recvbuf must be a
+    writable contiguous numpy array or CPU tensor of sendbuf's dtype and size."""
+    recv = _array(_unwrap_spec(recvbuf), "allreduce")
+    if not isinstance(recv, np.ndarray):
+        raise ArgumentError("allreduce: recvbuf must be a numpy array or CPU tensor")
+    send = None if _is_in_place(sendbuf) else _array(_unwrap_spec(sendbuf), "allreduce")
+    _core.allreduce(send, recv, op, comm)
+
+
+def broadcast(x, root=0, comm=None):
+    """Broadcasts x from root, in place (numpy array or CPU tensor)."""
+    if type(x) is not np.ndarray and type(x).__module__ == "torch" and hasattr(x, "detach"):
+        x = _torch_array(x, "broadcast")
+    _core.broadcast(x, int(root), comm)
+
+
+_PLAIN = (float, np.ndarray, list, int)
+
+
+def _is_torch(x):
+    return type(x).__module__ == "torch" and hasattr(x, "detach")
+
+
+def mpi_op(x, op, comm=None):
+    """op over ranks of a scalar (-> numpy scalar) or array-like (-> new numpy
+    array of the same shape and dtype)."""
+    if type(x) not in _PLAIN and _is_torch(x):
+        x = _torch_array(x, "mpi_op")
+    return _core.reduce(x, op, comm)
+
+
+def mpi_sum(x, comm=None):
+    """Sum of a scalar or array-like over ranks."""
+    if type(x) not in _PLAIN and _is_torch(x):
+        x = _torch_array(x, "mpi_sum")
+    return _core.reduce(x, SUM, comm)
+
+
+def mpi_avg(x, comm=None):
+    """Average of a scalar or array-like over ranks (integers: float64)."""
+    if type(x) not in _PLAIN and _is_torch(x):
+        x = _torch_array(x, "mpi_avg")
+    return _core.avg(x, comm)
+
+
+def mpi_statistics_scalar(x, with_min_and_max=False, comm=None):
+    """(mean, std) or (mean, std, min, max) of all ranks' samples pooled
+    (population std), in one collective. Raises NoSamplesError on every rank
+    when no rank has a sample."""
+    if type(x) not in _PLAIN and _is_torch(x):
+        x = _torch_array(x, "mpi_statistics_scalar")
+    return _core.statistics(x, with_min_and_max, comm)

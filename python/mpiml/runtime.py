@@ -1,0 +1,157 @@
+"""Job-wide failure handling, per-call options and profiling from Python.
+
+Never a hang: importing mpiml installs sys.excepthook and
+threading.excepthook. When an exception escapes (the main thread or any
+other thread) while MPI runs with more than one rank in MPI_COMM_WORLD, the
+rank prints the usual traceback, then one line
+
+    [mpiml] rank R/N: <ExceptionType>: <message> - aborting the job
+
+and aborts the whole job (MPI_Abort), so no peer waits forever in a
+collective. With one rank, or before MPI is initialized, Python's own
+behaviour is kept (the exit status is non-zero, which ends an MPI job too).
+KeyboardInterrupt counts as an exception: Ctrl-C ends every rank.
+"""
+import functools
+import sys
+import threading
+
+from . import _core
+
+_prev_excepthook = None
+_prev_threading_hook = None
+
+
+def _abort_line(exc_type, exc_value):
+    text = str(exc_value)
+    return "%s: %s" % (exc_type.__name__, text) if text else exc_type.__name__
+
+
+def _running_world():
+    """(rank, size) of MPI_COMM_WORLD while MPI runs, else None."""
+    try:
+        return _core.world()
+    except Exception:  # noqa: BLE001 - never fail inside an excepthook
+        return None
+
+
+def _excepthook(exc_type, exc_value, tb):
+    world = _running_world()
+    (_prev_excepthook or sys.__excepthook__)(exc_type, exc_value, tb)
+    if world is not None and world[1] > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _core.abort_job(_abort_line(exc_type, exc_value), 1)
+
+
+def _threading_excepthook(args):
+    if args.exc_type is SystemExit:
+        return (_prev_threading_hook or threading.__excepthook__)(args)
+    world = _running_world()
+    (_prev_threading_hook or threading.__excepthook__)(args)
+    if world is not None and world[1] > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _core.abort_job(_abort_line(args.exc_type, args.exc_value), 1)
+
+
+def install_excepthooks():
+    """Installs the hooks (done when mpiml is imported; idempotent)."""
+    global _prev_excepthook, _prev_threading_hook
+    if sys.excepthook is not _excepthook:
+        _prev_excepthook = sys.excepthook
+        sys.excepthook = _excepthook
+    if threading.excepthook is not _threading_excepthook:
+        _prev_threading_hook = threading.excepthook
+        threading.excepthook = _threading_excepthook
+
+
+def abort_job(message, code=1):
+    """Prints "[mpiml] rank R/N: <message> - aborting the job" and ends every rank."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _core.abort_job(str(message), int(code))
+
+
+# ------------------------------------------------------------ per-call options
+def set_timeout(seconds):
+    """Collective deadline in seconds (0: off); MPIML_TIMEOUT sets it at start.
+    A rank that waits longer in one collective ends the job with a message
+    naming the call."""
+    _core.set_timeout(float(seconds))
+
+
+def timeout():
+    return _core.timeout()
+
+
+def set_check(on):
+    """Cross-rank mismatch checks before each collective (MPIML_CHECK=1)."""
+    _core.set_check(bool(on))
+
+
+def check_enabled():
+    return _core.check_enabled()
+
+
+# ------------------------------------------------------------ profiling
+def profile_start(directory):
+    """Starts profiling into directory (collective; MPIML_PROFILE=dir does it at start)."""
+    _core.profile_start(str(directory))
+
+
+def profile_stop():
+    """Stops profiling and writes the per-rank traces, timeline and summary (collective)."""
+    _core.profile_stop()
+
+
+def profiling():
+    return _core.profiling()
+
+
+def profile_dir():
+    return _core.profile_dir()
+
+
+class region:
+    """A named profiling region: a context manager or a decorator.
+
+        with mpiml.region("rollout"):
+            ...
+
+        @mpiml.region("update")
+        def update(data): ...
+
+    Costs one check when profiling is off.
+    """
+
+    def __init__(self, name):
+        self.name = str(name)
+        self._stack = []
+
+    def __enter__(self):
+        r = _core.Region(self.name)
+        r.enter()
+        self._stack.append(r)
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.pop().exit()
+        return False
+
+    def __call__(self, fn):
+        name = self.name
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            r = _core.Region(name)
+            r.enter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                r.exit()
+
+        return wrapper
+
+
+install_excepthooks()

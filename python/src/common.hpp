@@ -1,0 +1,94 @@
+// Shared by the mpiml extension modules (header-only: each module has its
+// copy; the MPI state itself lives in libmpiml).
+#pragma once
+
+#include <mpiml/mpiml.hpp>
+
+#include <pybind11/pybind11.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+
+namespace py = pybind11;
+
+namespace mpiml::python {
+
+// ------------------------------------------------------------ errors
+inline py::object errors_module() {
+    static py::object* m = new py::object(py::module_::import("mpiml.errors"));
+    return *m;
+}
+
+inline void ensure_initialized_py();
+
+[[noreturn]] inline void raise(const char* cls, const std::string& call, const std::string& what) {
+    const std::string text = call + " on " + detail::rank_tag() + ": " + what;
+    py::object type = errors_module().attr(cls);
+    py::object e = type(text);
+    e.attr("call") = call;
+    int rank = -1;
+    if (is_initialized() && !is_finalized()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    e.attr("rank") = rank;
+    e.attr("mpi_code") = 0;
+    PyErr_SetObject(type.ptr(), e.ptr());
+    throw py::error_already_set();
+}
+
+inline void translate(const mpiml::Error& err) {
+    const std::string what = err.what();
+    const char* cls = "Error";
+    if (err.mpi_code() != 0)
+        cls = "MPIError";
+    else if (what.find("no rank has any sample") != std::string::npos)
+        cls = "NoSamplesError";
+    else if (what.find("is not defined for element type") != std::string::npos)
+        cls = "DtypeError";
+    else if (what.find("finalized") == std::string::npos &&
+             what.find("timed out") == std::string::npos)
+        cls = "ArgumentError";
+    py::object type = errors_module().attr(cls);
+    py::object e = type(what);
+    e.attr("call") = err.call();
+    e.attr("rank") = err.rank();
+    e.attr("mpi_code") = err.mpi_code();
+    PyErr_SetObject(type.ptr(), e.ptr());
+}
+
+// ------------------------------------------------------------ MPI lifetime
+inline std::atomic<bool> py_ready{false};
+
+inline void ensure_initialized_py() {
+    if (py_ready.load(std::memory_order_acquire)) return;
+    static std::mutex m;
+    std::lock_guard lock(m);
+    if (py_ready.load()) return;
+    if (!is_initialized()) {
+        // The torch.distributed backend calls MPI from a worker thread.
+        SessionOptions o;
+        o.thread_level = MPI_THREAD_MULTIPLE;
+        // Never destroyed: mpiml finalizes MPI at process exit (atexit).
+        new Session(o);
+    } else {
+        ensure_initialized("mpiml");  // mpi4py (or another) initialized MPI: leave it to it
+    }
+    py_ready.store(true, std::memory_order_release);
+}
+
+inline Comm to_comm(py::handle c) {
+    ensure_initialized_py();
+    if (c.is_none()) return {};
+    MPI_Fint f;
+    if (py::isinstance<py::int_>(c))
+        f = c.cast<MPI_Fint>();
+    else if (py::hasattr(c, "py2f"))
+        f = c.attr("py2f")().cast<MPI_Fint>();
+    else
+        raise("ArgumentError", "mpiml", std::string("comm must be None or an mpi4py communicator, got ") +
+                                            std::string(py::str(py::type::of(c).attr("__name__"))));
+    const MPI_Comm comm = MPI_Comm_f2c(f);
+    if (comm == MPI_COMM_NULL) raise("ArgumentError", "mpiml", "comm is MPI_COMM_NULL");
+    return Comm(comm);
+}
+
+}  // namespace mpiml::python

@@ -1,0 +1,140 @@
+// mpiml._torch: mpiml's LibTorch utilities for Python modules and tensors.
+// Python's torch must be imported first (mpiml.mpi_pytorch does).
+#include <mpiml/torch.hpp>
+
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+
+namespace {
+
+using namespace mpiml::python;
+
+PyObject* interned(const char* s) {
+    return PyUnicode_InternFromString(s);  // called once per name (static below)
+}
+
+void add_unique(std::vector<at::Tensor>& out, std::vector<PyObject*>& seen, PyObject* t) {
+    for (PyObject* s : seen)
+        if (s == t) return;
+    seen.push_back(t);
+    out.push_back(THPVariable_Unpack(t));
+}
+
+// module.parameters() / module.buffers() order: modules in pre-order, each
+// module's own dict in insertion order, duplicates (tied tensors) once.
+void walk(PyObject* mod, PyObject* key, std::vector<PyObject*>& mods, std::vector<PyObject*>& seen,
+          std::vector<at::Tensor>& out) {
+    static PyObject* modules_key = interned("_modules");
+    for (PyObject* m : mods)
+        if (m == mod) return;
+    mods.push_back(mod);
+    py::object d = py::reinterpret_steal<py::object>(PyObject_GetAttr(mod, key));
+    if (!d) throw py::error_already_set();
+    if (!PyDict_Check(d.ptr())) throw py::type_error("module attribute is not a dict");
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(d.ptr(), &pos, &k, &v)) {
+        if (v == Py_None) continue;
+        if (!THPVariable_Check(v)) throw py::type_error("module holds a non-tensor parameter or buffer");
+        add_unique(out, seen, v);
+    }
+    py::object subs = py::reinterpret_steal<py::object>(PyObject_GetAttr(mod, modules_key));
+    if (!subs) throw py::error_already_set();
+    pos = 0;
+    while (PyDict_Next(subs.ptr(), &pos, &k, &v))
+        if (v != Py_None) walk(v, key, mods, seen, out);
+}
+
+bool is_plain_module(py::handle obj, const char* method) {
+    static py::object module_type = py::module_::import("torch.nn").attr("Module");
+    if (!PyObject_IsInstance(obj.ptr(), module_type.ptr())) return false;
+    // A subclass that overrides parameters()/buffers() gets its own method called.
+    py::object mine = py::type::of(obj).attr(method);
+    py::object base = module_type.attr(method);
+    return mine.is(base);
+}
+
+// The tensors of obj: an nn.Module's parameters (and buffers), or an iterable of tensors.
+std::vector<at::Tensor> tensors_of(py::handle obj, bool params, bool buffers, const char* call) {
+    static PyObject* params_key = interned("_parameters");
+    static PyObject* buffers_key = interned("_buffers");
+    std::vector<at::Tensor> out;
+    std::vector<PyObject*> seen;
+    if (is_plain_module(obj, params ? "parameters" : "buffers")) {
+        if (params) {
+            std::vector<PyObject*> mods;
+            walk(obj.ptr(), params_key, mods, seen, out);
+        }
+        if (buffers) {
+            std::vector<PyObject*> mods;
+            walk(obj.ptr(), buffers_key, mods, seen, out);
+        }
+        return out;
+    }
+    auto add_iter = [&](py::handle it) {
+        for (py::handle t : it) {
+            if (!THPVariable_Check(t.ptr()))
+                raise("DtypeError", call, std::string("expected tensors, got ") +
+                                              std::string(py::str(py::type::of(t).attr("__name__"))));
+            add_unique(out, seen, t.ptr());
+        }
+    };
+    if (py::hasattr(obj, "parameters") && py::hasattr(obj, "buffers")) {  // Module overriding them
+        if (params) add_iter(obj.attr("parameters")());
+        if (buffers) add_iter(obj.attr("buffers")());
+        return out;
+    }
+    if (THPVariable_Check(obj.ptr())) {
+        out.push_back(THPVariable_Unpack(obj.ptr()));
+        return out;
+    }
+    if (!py::isinstance<py::iterable>(obj))
+        raise("ArgumentError", call, std::string("expected a torch.nn.Module or tensors, got ") +
+                                         std::string(py::str(py::type::of(obj).attr("__name__"))));
+    add_iter(obj);
+    return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_torch, m) {
+    m.doc() = "mpiml LibTorch utilities (C++): use mpiml.mpi_pytorch";
+
+    m.def("setup_pytorch_for_mpi", [] {
+        ensure_initialized_py();
+        py::gil_scoped_release nogil;
+        mpiml::setup_pytorch_for_mpi();
+    });
+    m.def("mpi_avg_grads", [](py::handle module, py::handle comm, std::size_t bucket_cap_bytes,
+                              bool as_view) {
+        const mpiml::Comm c = to_comm(comm);
+        auto ts = tensors_of(module, true, false, "mpi_avg_grads");
+        mpiml::AvgGradsOptions o;
+        o.bucket_cap_bytes = bucket_cap_bytes;
+        o.gradient_as_bucket_view = as_view;
+        py::gil_scoped_release nogil;
+        mpiml::mpi_avg_grads(ts, o, c);
+    }, py::arg("module"), py::arg("comm") = py::none(), py::arg("bucket_cap_bytes") = 25u << 20,
+       py::arg("gradient_as_bucket_view") = false);
+    m.def("sync_params", [](py::handle module, int root, py::handle comm) {
+        const mpiml::Comm c = to_comm(comm);
+        auto ts = tensors_of(module, true, true, "sync_params");
+        py::gil_scoped_release nogil;
+        mpiml::sync_params(ts, root, c);
+    }, py::arg("module"), py::arg("root") = 0, py::arg("comm") = py::none());
+    // Benchmark hook: k calls of the C++ API on the same tensors, in a C++ loop.
+    m.def("_bench_avg_grads", [](py::handle module, int k) {
+        auto ts = tensors_of(module, true, false, "mpi_avg_grads");
+        py::gil_scoped_release nogil;
+        for (int i = 0; i < k; ++i) mpiml::mpi_avg_grads(ts);
+    });
+    m.def("mpi_avg", [](const at::Tensor& x, py::handle comm) {
+        const mpiml::Comm c = to_comm(comm);
+        py::gil_scoped_release nogil;
+        return mpiml::mpi_avg(x, c);
+    }, py::arg("x"), py::arg("comm") = py::none());
+}

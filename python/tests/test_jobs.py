@@ -1,0 +1,214 @@
+"""Whole MPI jobs launched from the test (run by ctest at one rank): an
+uncaught exception on one rank ends the job, Ctrl-C on the launcher ends
+every rank, both import orders with mpi4py, mpi_fork end to end."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+PY = sys.executable
+MPIRUN = shutil.which("mpirun") or shutil.which("mpiexec")
+
+
+def clean_env(**extra):
+    """This process's environment without the MPI runtime's variables (the
+    test itself runs under mpirun) and without MPIML_TIMEOUT (the hooks, not
+    the watchdog, must end the jobs)."""
+    env = {k: v for k, v in os.environ.items()
+           if not (k.startswith(("OMPI_", "PMIX_", "PMI_", "OPAL_", "ORTE_", "HYDI_", "IN_MPI"))
+                   and not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")) and k != "MPIML_TIMEOUT"}
+    env.update(extra)
+    return env
+
+
+def mpirun(n, *args):
+    cmd = [MPIRUN, "-np", str(n)]
+    out = subprocess.run([MPIRUN, "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" in out or "OpenRTE" in out:
+        cmd += ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    return cmd + list(args)
+
+
+def write(tmp_path, name, body):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(body))
+    return str(p)
+
+
+def run(cmd, timeout, **kw):
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=clean_env(), **kw)
+    return p, time.monotonic() - t0
+
+
+RAISE = """
+    import threading, time
+    import numpy as np
+    import mpiml.mpi_tools as mt
+    if mt.proc_id() == 1:
+        time.sleep(0.5)
+        def bad():
+            raise ValueError("boom on purpose")
+        if "{where}" == "thread":
+            t = threading.Thread(target=bad)
+            t.start()
+            t.join()
+            time.sleep(30)
+        bad()
+    mt.mpi_sum(np.ones(3))  # rank 0 waits here for rank 1 forever
+    """
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_exception_on_one_rank_ends_the_job(tmp_path, where):
+    script = write(tmp_path, "raise.py", RAISE.format(where=where))
+    p, secs = run(mpirun(2, PY, script), timeout=60)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert secs < 10, (secs, out)
+    assert "[mpiml] rank 1/2: ValueError: boom on purpose - aborting the job" in out, out
+    assert "Traceback" in out
+
+
+def test_ctrl_c_on_the_launcher_ends_every_rank(tmp_path):
+    script = write(tmp_path, "loop.py", """
+        import sys, numpy as np
+        import mpiml.mpi_tools as mt
+        print("ready", flush=True)
+        while True:
+            mt.mpi_sum(np.ones(3))
+        """)
+    p = subprocess.Popen(mpirun(2, PY, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=clean_env(), start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        os.killpg(p.pid, signal.SIGINT)  # as the terminal does
+        p.communicate(timeout=10)
+        assert time.monotonic() - t0 < 10
+        assert p.returncode != 0
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+ORDER = """
+    import sys
+    {first}
+    {second}
+    import numpy as np
+    assert MPI.Is_initialized() and not MPI.Is_finalized()
+    assert mpiml._core.is_initialized()
+    assert MPI.Query_thread() == MPI.THREAD_MULTIPLE, MPI.Query_thread()
+    assert mt.num_procs() == MPI.COMM_WORLD.Get_size() == 2
+    assert mt.mpi_sum(np.ones(2), comm=MPI.COMM_WORLD).tolist() == [2.0, 2.0]
+    assert MPI.COMM_WORLD.allreduce(1) == 2
+    print("ok", mt.proc_id(), flush=True)
+    """
+
+
+@pytest.mark.parametrize("mpi4py_first", [True, False])
+def test_import_orders_with_mpi4py(tmp_path, mpi4py_first):
+    a = "from mpi4py import MPI"
+    b = "import mpiml, mpiml.mpi_tools as mt; mt.proc_id()"
+    first, second = (a, b) if mpi4py_first else (b, a)
+    script = write(tmp_path, "order.py", ORDER.format(first=first, second=second))
+    p, _ = run(mpirun(2, PY, script), timeout=60)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert p.stdout.count("ok") == 2, out  # lines of the two ranks may interleave
+    assert "error" not in p.stderr.lower(), out
+
+
+FORK = """
+    import json, os, sys
+    import mpiml.mpi_tools as mt
+    mt.mpi_fork(2)
+    out = os.environ["FORK_OUT"]
+    with open(os.path.join(out, "rank%d.json" % mt.proc_id()), "w") as f:
+        json.dump({{"argv": sys.argv, "orig": sys.orig_argv, "size": mt.num_procs(),
+                   "in_mpi": os.environ.get("IN_MPI"), "omp": os.environ.get("OMP_NUM_THREADS")}}, f)
+    sys.exit(int(sys.argv[1]))
+    """
+
+ARGS = ["a b", "q\"uo'te", "ünïcødé ☃", "", "--flag=1 2", "$HOME", "*"]
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_mpi_fork_script_by_path(tmp_path, code):
+    d = tmp_path / "dir with space"
+    d.mkdir()
+    script = write(d, "fork me.py", FORK.format())
+    env = clean_env(FORK_OUT=str(tmp_path))
+    cmd = [PY, script, str(code)] + ARGS
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == code, p.stdout + p.stderr  # the seed always exits 0
+    for r in range(2):
+        with open(tmp_path / ("rank%d.json" % r)) as f:
+            got = json.load(f)
+        assert got["argv"] == [script, str(code)] + ARGS
+        assert got["orig"][1:] == cmd[1:]
+        assert got["size"] == 2 and got["in_mpi"] == "1" and got["omp"] == "1"
+
+
+def test_mpi_fork_python_dash_m(tmp_path):
+    pkg = tmp_path / "forkpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    write(pkg, "__main__.py", FORK.format())
+    env = clean_env(FORK_OUT=str(tmp_path))
+    cmd = [PY, "-m", "forkpkg", "5", "x y"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert p.returncode == 5, p.stdout + p.stderr
+    for r in range(2):
+        with open(tmp_path / ("rank%d.json" % r)) as f:
+            got = json.load(f)
+        assert got["orig"][1:] == cmd[1:] and got["argv"][1:] == ["5", "x y"]
+        assert got["size"] == 2
+
+
+def test_mpi_fork_is_a_no_op_for_one_rank_and_in_mpi(tmp_path):
+    script = write(tmp_path, "noop.py", """
+        import sys, mpiml.mpi_tools as mt
+        mt.mpi_fork(1)
+        mt.mpi_fork(0)
+        print("single", mt.num_procs())
+        """)
+    p = subprocess.run([PY, script], capture_output=True, text=True, timeout=60, env=clean_env())
+    assert p.returncode == 0 and p.stdout.split() == ["single", "1"], p.stdout + p.stderr
+
+
+def test_environment_options_from_python(tmp_path):
+    """MPIML_PROFILE writes the profile of a Python job; MPIML_TIMEOUT ends a
+    job whose rank 0 waits in a collective for a rank that never comes."""
+    script = write(tmp_path, "env.py", """
+        import sys, time
+        import numpy as np
+        import mpiml, mpiml.mpi_tools as mt
+        with mpiml.region("python_region"):
+            mt.mpi_sum(np.ones(4))
+        if sys.argv[1] == "hang" and mt.proc_id() == 1:
+            time.sleep(60)
+        mt.mpi_sum(np.ones(4))
+        """)
+    prof = tmp_path / "prof"
+    env = clean_env(MPIML_PROFILE=str(prof))
+    p = subprocess.run(mpirun(2, PY, script, "ok"), capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "python_region" in (prof / "profile_1.json").read_text()
+    assert (prof / "timeline.json").exists()
+    env = clean_env(MPIML_TIMEOUT="2")
+    t0 = time.monotonic()
+    p = subprocess.run(mpirun(2, PY, script, "hang"), capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert p.returncode != 0 and time.monotonic() - t0 < 30
+    assert "[mpiml] rank 0/2" in p.stdout + p.stderr, p.stdout + p.stderr

@@ -1,0 +1,156 @@
+"""mpiml.mpi_pytorch against the seed's behaviour (seed_ref on mpi4py), and
+the training equivalence: n ranks on 1/n of a batch each == one process on
+the whole batch, after 20 Adam steps."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+from torch import nn
+
+import mpiml
+import seed_ref as seed
+from mpiml import mpi_pytorch as mp
+
+RANK, SIZE = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+def actor_critic(hidden=(64, 64), dtype=torch.float32):
+    torch.manual_seed(1234 + RANK)  # different on every rank until synced
+
+    def mlp(sizes):
+        layers = []
+        for i in range(len(sizes) - 1):
+            layers += [nn.Linear(sizes[i], sizes[i + 1]), nn.Tanh()]
+        return nn.Sequential(*layers[:-1])
+
+    m = nn.Module()
+    m.pi = mlp([17, *hidden, 6])
+    m.log_std = nn.Parameter(-0.5 * torch.ones(6))
+    m.v = mlp([17, *hidden, 1])
+    return m.to(dtype)
+
+
+def fill_grads(m):
+    g = torch.Generator().manual_seed(99 + RANK)
+    for p in m.parameters():
+        p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
+
+
+def test_mpiml_exposes_both_modules():
+    assert mpiml.mpi_pytorch is mp and mpiml.mpi_avg_grads is mp.mpi_avg_grads
+    assert mp.mpi_avg is mpiml.mpi_tools.mpi_avg  # as the seed's namespace
+
+
+def test_avg_grads_equals_seed():
+    a = actor_critic()
+    b = copy.deepcopy(a)
+    fill_grads(a)
+    fill_grads(b)
+    mp.mpi_avg_grads(a)
+    seed.mpi_avg_grads(b)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_avg_grads_float64_kept_and_exact():
+    a = actor_critic((8,), torch.float64)
+    fill_grads(a)
+    all_grads = MPI.COMM_WORLD.allgather([p.grad.clone() for p in a.parameters()])
+    mp.mpi_avg_grads(a)
+    for i, p in enumerate(a.parameters()):
+        assert p.grad.dtype == torch.float64
+        torch.testing.assert_close(p.grad, sum(g[i] for g in all_grads) / SIZE)
+
+
+def test_missing_grads_count_as_zeros():
+    a = actor_critic((8,))
+    fill_grads(a)
+    if RANK == 0:
+        a.log_std.grad = None  # the seed raises here on rank 0 and hangs the others
+    expect = MPI.COMM_WORLD.allreduce(0.0 if RANK == 0 else a.log_std.grad.clone(),
+                                      op=MPI.SUM) / SIZE
+    mp.mpi_avg_grads(a)
+    if SIZE == 1:
+        assert a.log_std.grad is None
+    else:
+        torch.testing.assert_close(a.log_std.grad, torch.as_tensor(expect))
+
+
+def test_avg_grads_of_parameter_list_and_options():
+    a = actor_critic((8,))
+    fill_grads(a)
+    ref = [torch.as_tensor(seed.mpi_avg(p.grad)) for p in a.parameters()]
+    mp.mpi_avg_grads(list(a.parameters()), gradient_as_bucket_view=True)
+    for p, r in zip(a.parameters(), ref):
+        torch.testing.assert_close(p.grad, r)
+
+
+def test_sync_params_parameters_and_buffers():
+    m = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    torch.manual_seed(RANK)
+    m[1].running_mean.normal_()
+    m[1].num_batches_tracked += RANK
+    ref = copy.deepcopy(m)
+    mp.sync_params(m)
+    seed.sync_params(ref)
+    root = MPI.COMM_WORLD.bcast(copy.deepcopy(m.state_dict()))
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, root[k]), k
+    for p, q in zip(m.parameters(), ref.parameters()):
+        assert torch.equal(p, q)
+    # difference: the seed leaves buffers unsynced
+    if RANK > 0:
+        assert not torch.equal(ref[1].running_mean, m[1].running_mean)
+
+
+def test_sync_params_mismatch_is_an_error_on_every_rank():
+    if SIZE == 1:
+        return
+    m = nn.Linear(3, 2 + (RANK == SIZE - 1))
+    with pytest.raises(mpiml.Error, match="sync_params"):
+        mp.sync_params(m)
+
+
+def test_mpi_avg_tensor():
+    t = torch.tensor([1.0, RANK], dtype=torch.float64)
+    out = mp.mpi_avg_tensor(t)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float64
+    torch.testing.assert_close(out, torch.tensor([1.0, (SIZE - 1) / 2], dtype=torch.float64))
+
+
+def test_setup_pytorch_for_mpi():
+    mp.setup_pytorch_for_mpi()
+    assert torch.get_num_threads() >= 1
+
+
+def test_training_equivalence_20_adam_steps():
+    torch.manual_seed(0)
+    batch = 24
+    X = torch.randn(batch, 17)
+    Y = torch.randn(batch, 1)
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Linear(17, 32), nn.Tanh(), nn.Linear(32, 1)).double()
+    ref = copy.deepcopy(net)
+    X, Y = X.double(), Y.double()
+    torch.manual_seed(5 + RANK)
+    with torch.no_grad():  # ranks start different: sync_params must fix that
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * RANK)
+    mp.sync_params(net)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    opt_ref = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    part = batch // SIZE if batch % SIZE == 0 else None
+    assert part is not None
+    xs, ys = X[RANK * part:(RANK + 1) * part], Y[RANK * part:(RANK + 1) * part]
+    for _ in range(20):
+        opt.zero_grad()
+        ((net(xs) - ys) ** 2).mean().backward()
+        mp.mpi_avg_grads(net)
+        opt.step()
+        opt_ref.zero_grad()
+        ((ref(X) - Y) ** 2).mean().backward()
+        opt_ref.step()
+    for p, q in zip(net.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-10)

@@ -1,0 +1,255 @@
+"""mpiml.mpi_tools against the seed's behaviour (seed_ref, on mpi4py), under
+mpirun at 1, 2 and 3 ranks. Each documented difference is asserted as one."""
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import mpiml
+import seed_ref as seed
+from mpiml import mpi_tools as mt
+
+RANK, SIZE = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+def test_rank_and_size_as_seed():
+    assert mt.proc_id() == seed.proc_id() == RANK
+    assert mt.num_procs() == seed.num_procs() == SIZE
+    assert mpiml.proc_id is mt.proc_id
+
+
+def test_one_init_at_thread_multiple_shared_with_mpi4py():
+    assert MPI.Is_initialized() and mpiml._core.is_initialized()
+    assert mpiml._core.thread_level() == MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
+def test_sum_avg_float32_equal_seed():
+    x = np.arange(7, dtype=np.float32) * (RANK + 1)
+    np.testing.assert_array_equal(mt.mpi_sum(x), seed.mpi_sum(x))
+    np.testing.assert_allclose(mt.mpi_avg(x), seed.mpi_avg(x), rtol=1e-6)
+    assert mt.mpi_sum(x).dtype == np.float32 and mt.mpi_sum(x) is not x
+    for op, sop in ((mt.MAX, MPI.MAX), (mt.MIN, MPI.MIN), (MPI.MAX, MPI.MAX)):
+        np.testing.assert_array_equal(mt.mpi_op(x, op), seed.mpi_op(x, sop))
+
+
+def test_scalar_in_numpy_scalar_out():
+    for v in (1.5 * RANK, np.float32(RANK)):
+        ours, theirs = mt.mpi_avg(v), seed.mpi_avg(v)
+        assert np.isscalar(ours) and isinstance(ours, np.generic)
+        assert ours == pytest.approx(theirs)
+    # difference: the dtype is kept (the seed casts to float32)
+    assert type(mt.mpi_sum(1.5)) is np.float64 and type(seed.mpi_sum(1.5)) is np.float32
+    assert type(mt.mpi_sum(2)) is np.int64 and mt.mpi_sum(2) == 2 * SIZE
+    assert type(mt.mpi_sum(np.float32(1))) is np.float32
+
+
+def test_lists_tuples_tensors():
+    import torch
+    for x in ([1.0, RANK], (1.0, RANK), torch.tensor([1.0, RANK], requires_grad=True)):
+        np.testing.assert_allclose(mt.mpi_avg(x), seed.mpi_avg([1.0, RANK]))
+        assert isinstance(mt.mpi_avg(x), np.ndarray)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                                   np.uint32, np.uint64, np.float16, np.float32, np.float64,
+                                   np.complex64, np.complex128])
+def test_dtypes_kept_integer_average_is_float64(dtype):
+    x = (np.arange(5) + RANK).astype(dtype)
+    s = mt.mpi_sum(x)
+    assert s.dtype == dtype  # difference: the seed returns float32
+    expect = sum((np.arange(5) + r) for r in range(SIZE))
+    np.testing.assert_allclose(s.astype(np.float64) if s.dtype.kind != "c" else s, expect)
+    a = mt.mpi_avg(x)
+    kind = np.dtype(dtype).kind
+    assert a.dtype == (np.float64 if kind in "iu" else dtype)
+    np.testing.assert_allclose(a, expect / SIZE, rtol=1e-3)
+    assert seed.mpi_avg(x).dtype == np.float32
+
+
+def test_bool():
+    b = np.array([True, RANK == 0])
+    np.testing.assert_array_equal(mt.mpi_sum(b), [SIZE, 1])  # counts, as the seed (as float32)
+    np.testing.assert_array_equal(mt.mpi_op(b, mt.LAND), [True, SIZE == 1])
+    assert mt.mpi_avg(b).dtype == np.float64
+
+
+def test_uneven_lengths_across_ranks_fail_on_check_not_hang():
+    # same length on every rank is the contract; a mismatch is caught by MPIML_CHECK
+    if SIZE == 1:
+        return
+    mpiml.set_check(True)
+    try:
+        with pytest.raises(mpiml.ArgumentError, match="rank"):
+            mt.mpi_sum(np.zeros(3 + RANK, np.float32))
+    finally:
+        mpiml.set_check(False)
+
+
+def test_allreduce_call_shapes():
+    x = np.full(4, RANK + 1.0)
+    y = np.empty_like(x)
+    assert mt.allreduce(x, y) is None
+    np.testing.assert_array_equal(y, sum(range(1, SIZE + 1)))
+    mt.allreduce(x, y, op=MPI.MAX)
+    np.testing.assert_array_equal(y, SIZE)
+    z = x.copy()
+    mt.allreduce(mpiml.IN_PLACE, z, op=mt.MIN)
+    np.testing.assert_array_equal(z, 1)
+    z = x.copy()
+    mt.allreduce(MPI.IN_PLACE, z)
+    ref = np.empty_like(x)
+    seed.allreduce(x, ref)
+    np.testing.assert_array_equal(z, ref)
+    mt.allreduce([x, MPI.DOUBLE], [y, MPI.DOUBLE], op=MPI.SUM)
+    np.testing.assert_array_equal(y, ref)
+
+
+def test_allreduce_errors():
+    x = np.zeros(4)
+    with pytest.raises(TypeError, match="allreduce on rank %d/%d" % (RANK, SIZE)):
+        mt.allreduce(x, np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="elements"):
+        mt.allreduce(x, np.zeros(5))
+    with pytest.raises(ValueError, match="not contiguous"):
+        mt.allreduce(x, np.zeros(8)[::2])
+    ro = np.zeros(4)
+    ro.setflags(write=False)
+    with pytest.raises(ValueError, match="read-only"):
+        mt.allreduce(x, ro)
+    with pytest.raises(ValueError, match="unknown op"):
+        mt.allreduce(x, np.zeros(4), op="mean")
+
+
+@pytest.mark.parametrize("root", sorted({0, SIZE - 1}))
+def test_broadcast_in_place(root):
+    x = np.arange(5, dtype=np.float32) + RANK
+    ref = x.copy()
+    mt.broadcast(x, root)
+    seed.broadcast(ref, root)
+    np.testing.assert_array_equal(x, ref)
+    np.testing.assert_array_equal(x, np.arange(5) + root)
+    import torch
+    t = torch.arange(3, dtype=torch.float64) + RANK
+    mt.broadcast(t, root=root)
+    assert t.tolist() == [root, root + 1.0, root + 2.0]
+
+
+def test_broadcast_errors():
+    with pytest.raises(mpiml.ArgumentError, match="broadcast on rank .*root 7"):
+        mt.broadcast(np.zeros(2), 7)
+    with pytest.raises(ValueError, match="numpy array"):
+        mt.broadcast([1.0, 2.0])
+    with pytest.raises(ValueError, match="not contiguous"):
+        mt.broadcast(np.zeros(4)[::2])
+    with pytest.raises(TypeError, match="dtype"):
+        mt.broadcast(np.array(["a"]))
+
+
+def samples(n, seed_=0):
+    return np.random.default_rng(seed_ + RANK).normal(1.0, 2.0, n).astype(np.float32)
+
+
+@pytest.mark.parametrize("sizes", [lambda r: 100, lambda r: 10 * r + 1, lambda r: 0 if r == 0 else 5])
+def test_statistics_as_seed_uneven_and_empty(sizes):
+    x = samples(sizes(RANK))
+    if sum(sizes(r) for r in range(SIZE)) == 0:
+        return
+    ours, theirs = mt.mpi_statistics_scalar(x), seed.mpi_statistics_scalar(x)
+    assert isinstance(ours, tuple) and len(ours) == 2
+    np.testing.assert_allclose(ours, theirs, rtol=2e-5)
+    ours4 = mt.mpi_statistics_scalar(x, with_min_and_max=True)
+    theirs4 = seed.mpi_statistics_scalar(x, with_min_and_max=True)
+    assert len(ours4) == 4
+    np.testing.assert_allclose(ours4, theirs4, rtol=2e-5)
+    assert all(type(v) is np.float32 for v in ours4)  # float32 samples: float32, as the seed
+    pooled = np.concatenate(MPI.COMM_WORLD.allgather(x)).astype(np.float64)
+    np.testing.assert_allclose(ours4, (pooled.mean(), pooled.std(), pooled.min(), pooled.max()),
+                               rtol=1e-6)
+
+
+def test_statistics_dtypes_and_inputs():
+    x = samples(50).astype(np.float64)
+    m, s = mt.mpi_statistics_scalar(x)
+    assert type(m) is np.float64  # difference: the seed computes and returns float32
+    pooled = np.concatenate(MPI.COMM_WORLD.allgather(x))
+    assert m == pytest.approx(pooled.mean(), rel=1e-12) and s == pytest.approx(pooled.std(), rel=1e-12)
+    assert mt.mpi_statistics_scalar([1, 2, 3]) == pytest.approx((2.0, np.sqrt(2 / 3)))
+    import torch
+    mt2 = mt.mpi_statistics_scalar(torch.ones(4, requires_grad=True), True)
+    assert mt2 == (1.0, 0.0, 1.0, 1.0)
+
+
+def test_statistics_all_empty_same_error_on_every_rank():
+    with pytest.raises(mpiml.NoSamplesError, match="no rank has any sample") as e:
+        mt.mpi_statistics_scalar([])
+    assert isinstance(e.value, ValueError) and e.value.rank == RANK
+    with pytest.warns(RuntimeWarning):  # difference: the seed returns nan
+        assert np.isnan(seed.mpi_statistics_scalar([])[0])
+
+
+def test_comm_may_be_an_mpi4py_communicator():
+    sub = MPI.COMM_WORLD.Split(RANK % 2, RANK)
+    try:
+        assert mt.proc_id(comm=sub) == sub.Get_rank()
+        assert mt.num_procs(sub) == sub.Get_size()
+        np.testing.assert_array_equal(mt.mpi_sum(np.ones(2), comm=sub), sub.Get_size())
+        m, _ = mt.mpi_statistics_scalar([float(RANK)], comm=sub)
+        assert m == pytest.approx(np.mean([r for r in range(SIZE) if r % 2 == RANK % 2]))
+        x = np.array([RANK], np.int64)
+        mt.broadcast(x, 0, comm=sub)
+        assert x[0] == RANK % 2
+    finally:
+        sub.Free()
+    with pytest.raises(ValueError, match="comm must be"):
+        mt.mpi_sum(1.0, comm="world")
+
+
+def test_msg_and_pprint(capsys):
+    mt.msg("hello", "tag")
+    mt.pprint("only rank 0", end="!\n")
+    out = capsys.readouterr().out
+    assert "Message from %d: tag \t hello\n" % RANK in out
+    assert ("only rank 0!\n" in out) == (RANK == 0)
+
+
+def test_errors_name_call_and_rank():
+    with pytest.raises(mpiml.DtypeError) as e:
+        mt.mpi_sum(np.array([True]), comm=None) if False else mt.mpi_op(np.array([1j]), mt.MAX)
+    assert isinstance(e.value, TypeError) and isinstance(e.value, mpiml.Error)
+    assert "rank %d/%d" % (RANK, SIZE) in str(e.value)
+
+
+def test_options_and_profiling(tmp_path_factory):
+    old = mpiml.timeout()
+    mpiml.set_timeout(30)
+    assert mpiml.timeout() == 30
+    mpiml.set_timeout(old)
+    with pytest.raises(mpiml.Error):
+        mpiml.set_timeout(-1)
+    d = MPI.COMM_WORLD.bcast(str(tmp_path_factory.mktemp("prof")) if RANK == 0 else None)
+
+    @mpiml.region("decorated")
+    def work():
+        return mt.mpi_sum(1.0)
+
+    mpiml.profile_start(d)
+    assert mpiml.profiling()
+    with mpiml.region("block"):
+        work()
+    mpiml.profile_stop()
+    assert not mpiml.profiling()
+    import json
+    import os
+    MPI.COMM_WORLD.Barrier()
+    with open(os.path.join(d, "profile_%d.json" % RANK)) as f:
+        text = f.read()
+    assert "decorated" in text and "block" in text
+    json.loads(text)
+
+
+def test_scalar_kinds_as_seed():
+    assert type(mt.mpi_sum(np.float16(1))) is np.float16 and mt.mpi_sum(np.float16(1)) == SIZE
+    assert type(mt.mpi_avg(True)) is np.float64
+    assert mt.mpi_sum(True) == SIZE
+    zero_d = mt.mpi_sum(np.array(2.0))  # a 0-d array is not a scalar (np.isscalar), as the seed
+    assert isinstance(zero_d, np.ndarray) and zero_d.shape == () and zero_d == 2.0 * SIZE
+    assert isinstance(seed.mpi_sum(np.array(2.0)), np.ndarray)
