@@ -9,6 +9,7 @@ order: bit-identical results on every rank and from run to run) from a worker
 thread per group, in issue order. See docs/TORCH_DISTRIBUTED.md.
 """
 
+import atexit as _atexit
 import datetime as _dt
 import os as _os
 import socket as _socket
@@ -34,6 +35,9 @@ def _create(dist_backend_opts, pg_options=None):
     timeout = o.timeout.total_seconds() if hasattr(o.timeout, "total_seconds") else float(o.timeout)
     return _c10d.ProcessGroupMpiml(o.group_rank, o.group_size, timeout,
                                    [int(r) for r in o.global_ranks_in_group], str(o.group_id))
+
+
+_atexit.register(_c10d.at_exit)
 
 
 def is_registered():

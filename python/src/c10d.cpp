@@ -216,12 +216,13 @@ public:
     int sourceRank() const override { return source_.load(); }
 
     void complete(std::exception_ptr e) {
+        // The future first: wait() returning means the future is done too.
         if (e) {
-            finish(e);
             future_->setError(e);
+            finish(e);
         } else {
-            finish();
             future_->markCompleted(c10::IValue(outputs_));
+            finish();
         }
     }
     void set_source(int r) { source_.store(r); }
@@ -236,6 +237,11 @@ private:
 
 std::atomic<bool> g_check_default{true};
 
+class ProcessGroupMpiml;
+// Live groups, so that exit can drain their workers before MPI_Finalize.
+std::mutex g_groups_mutex;
+std::vector<ProcessGroupMpiml*> g_groups;
+
 // A signature every rank of a collective must agree on (kind, element
 // size/count, dtype, op or root); -1 entries are not compared.
 struct Sig {
@@ -246,7 +252,11 @@ class ProcessGroupMpiml : public c10d::ProcessGroup {
 public:
     ProcessGroupMpiml(int rank, int size, double timeout_s, std::vector<int64_t> global_ranks,
                       std::string group_id);
-    ~ProcessGroupMpiml() override { shutdown(); }
+    ~ProcessGroupMpiml() override {
+        shutdown();
+        std::lock_guard lock(g_groups_mutex);
+        std::erase(g_groups, this);
+    }
 
     const std::string getBackendName() const override { return "mpiml"; }
 
@@ -437,6 +447,21 @@ ProcessGroupMpiml::ProcessGroupMpiml(int rank, int size, double timeout_s,
 
     worker_ = std::thread([this] { loop(); });
     watchdog_ = std::thread([this] { watchdog_loop(); });
+    std::lock_guard lock(g_groups_mutex);
+    g_groups.push_back(this);
+}
+
+// Python exit: finish every group's queued work, stop its threads, then
+// finalize MPI if mpiml initialized it (which also stops mpiml's own
+// watchdog thread before static destructors run).
+void at_exit() {
+    std::vector<ProcessGroupMpiml*> groups;
+    {
+        std::lock_guard lock(g_groups_mutex);
+        groups = g_groups;
+    }
+    for (auto* g : groups) g->shutdown();
+    if (mpiml::is_initialized() && !mpiml::is_finalized()) mpiml::finalize();
 }
 
 void ProcessGroupMpiml::shutdown() {
@@ -1140,6 +1165,7 @@ PYBIND11_MODULE(_c10d, m) {
                       "cross-rank agreement check before each collective")
         .def("shutdown", &ProcessGroupMpiml::shutdown, py::call_guard<py::gil_scoped_release>(),
              "finishes queued operations and stops the worker thread");
+    m.def("at_exit", [] { mpiml_c10d::at_exit(); }, py::call_guard<py::gil_scoped_release>());
     m.def("set_check_default", [](bool on) { mpiml_c10d::g_check_default.store(on); });
     m.def("mpi_initialized", [] { return mpiml::is_initialized(); });
     m.def("ensure_mpi", [] { mpiml_c10d::ensure_mpi(); }, "initializes MPI (MPI_THREAD_MULTIPLE) if needed");
