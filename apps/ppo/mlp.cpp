@@ -72,6 +72,17 @@ Mlp::Mlp(std::vector<LinearRef> layers, Activation act) : layers_(std::move(laye
     h_.resize(layers_.size());
 }
 
+double Mlp::forward_flops(int n) const {
+    double f = 0;
+    for (const auto& l : layers_) f += 2.0 * n * l.in * l.out;
+    return f;
+}
+
+double Mlp::backward_flops(int n) const {
+    // grad_w of every layer, and dh of every layer but the first.
+    return 2.0 * forward_flops(n) - 2.0 * n * layers_.front().in * layers_.front().out;
+}
+
 const float* Mlp::forward(const float* x, int n) {
     x_ = x;
     n_ = n;

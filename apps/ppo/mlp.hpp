@@ -31,6 +31,11 @@ public:
     int in_dim() const { return layers_.front().in; }
     int out_dim() const { return layers_.back().out; }
 
+    /// Floating-point operations of forward and backward for n rows (the
+    /// matrix products; elementwise work not counted).
+    double forward_flops(int n) const;
+    double backward_flops(int n) const;
+
     /// Output [n, out_dim] for x [n, in_dim]; x must stay valid until backward.
     /// The result lives until the next forward.
     const float* forward(const float* x, int n);

@@ -373,6 +373,7 @@ private:
     // Seconds per epoch and phase on this rank.
     struct Times {
         std::vector<double> epoch, rollout, policy, value;
+        std::vector<double> update_flops;  ///< matrix products of the update
     } times_;
 };
 
@@ -470,6 +471,12 @@ void PPO::update() {
         mpiml::mpi_avg_grads(ac_->pi);
         pi_opt_->step();
     }
+    // Forward passes: the old loss and each iteration's; backward: each step taken.
+    double flops = (std::min(i + 1, cfg_.train_pi_iters) + 1) * nets.pi.forward_flops(b.n) +
+                   i * nets.pi.backward_flops(b.n);
+    flops += (cfg_.train_v_iters + 1) * nets.v.forward_flops(b.n) +
+             cfg_.train_v_iters * nets.v.backward_flops(b.n);
+    times_.update_flops.push_back(flops);
     if (i == cfg_.train_pi_iters) i = std::max(0, cfg_.train_pi_iters - 1);
     times_.policy.push_back(seconds_since(t_pi));
 
@@ -564,8 +571,9 @@ int PPO::run() {
         };
         mpiml::pprint(fmt::format(
             "median epoch (first dropped) on rank 0: {:.4f} s: rollout {:.4f} s, policy update "
-            "{:.4f} s, value update {:.4f} s",
-            tail(times_.epoch), tail(times_.rollout), tail(times_.policy), tail(times_.value)));
+            "{:.4f} s, value update {:.4f} s; update arithmetic {:.3f} GFLOP",
+            tail(times_.epoch), tail(times_.rollout), tail(times_.policy), tail(times_.value),
+            tail(times_.update_flops) * 1e-9));
     }
     mpiml::profile_stop();  // collective; does nothing when not profiling
     if (rank_ == 0 && !cfg_.out.empty()) {
