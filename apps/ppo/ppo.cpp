@@ -281,16 +281,23 @@ const Column table_columns[] = {
     {"Time", "Time", 7},             {"steps/s", "steps/s", 8},
 };
 
-std::string table_header() {
+bool in_table(const Column& c, bool vpg) {
+    const std::string key = c.key;
+    return !(vpg && (key == "ClipFrac" || key == "StopIter"));
+}
+
+std::string table_header(bool vpg) {
     std::string s;
-    for (const auto& c : table_columns) s += fmt::format("{:>{}} ", c.label, c.width);
+    for (const auto& c : table_columns)
+        if (in_table(c, vpg)) s += fmt::format("{:>{}} ", c.label, c.width);
     s.pop_back();
     return s;
 }
 
-std::string table_row(const EpochLogger& log, double steps_per_s) {
+std::string table_row(const EpochLogger& log, double steps_per_s, bool vpg) {
     std::string s;
     for (const auto& c : table_columns) {
+        if (!in_table(c, vpg)) continue;
         const std::string key = c.key;
         const double v = key == "steps/s" ? steps_per_s : log.get(key);
         if (key == "Epoch" || key == "TotalEnvInteracts" || key == "steps/s")
@@ -351,6 +358,7 @@ private:
     void log_update(clock::time_point epoch_start, int64_t steps_done);
 
     Config cfg_;
+    bool vpg_;  ///< Spinning Up's VPG instead of PPO
     int rank_;
     std::unique_ptr<Env> env_;
     EpochLogger logger_;
@@ -395,6 +403,7 @@ std::uint64_t rank_seed(const Config& cfg, int rank) {
 
 PPO::PPO(Config cfg)
     : cfg_(std::move(cfg)),
+      vpg_(cfg_.algo == "vpg"),
       rank_(mpiml::proc_id()),
       env_(seeded_env(cfg_, rank_seed(cfg_, rank_))),
       logger_(cfg_.out),
@@ -415,7 +424,8 @@ PPO::PPO(Config cfg)
 
     int64_t n_params = 0;
     for (const auto& p : ac_->parameters()) n_params += p.numel();
-    mpiml::pprint(fmt::format("mpiml-ppo: {} on {} rank{}, {} parameters, output in {}", cfg_.env,
+    mpiml::pprint(fmt::format("mpiml-ppo: {} on {} on {} rank{}, {} parameters, output in {}",
+                              vpg_ ? "VPG" : "PPO", cfg_.env,
                               cfg_.num_procs, cfg_.num_procs == 1 ? "" : "s", n_params,
                               cfg_.out.empty() ? "(none)" : cfg_.out));
 }
@@ -460,10 +470,19 @@ void PPO::update() {
     const Batch& b = batch_;
     const auto t_pi = clock::now();
     std::optional<mpiml::Region> phase(std::in_place, "policy_update");
-    const PiInfo old = loss_pi(nets.pi.forward(b.obs.data(), b.n), b, policy_of(nets), cfg_.clip_ratio, dy_);
+    const float* y = nets.pi.forward(b.obs.data(), b.n);
+    const PiInfo old = vpg_ ? loss_pi_vpg(y, b, policy_of(nets), dy_)
+                            : loss_pi(y, b, policy_of(nets), cfg_.clip_ratio, dy_);
     PiInfo info;
     int i = 0;
-    for (i = 0; i < cfg_.train_pi_iters; ++i) {
+    if (vpg_) {  // one step of gradient descent on -mean(logp adv), from the same forward
+        info = old;
+        nets.pi.backward(dy_.data());
+        mpiml::mpi_avg_grads(ac_->pi);
+        pi_opt_->step();
+        i = 1;
+    }
+    for (; !vpg_ && i < cfg_.train_pi_iters; ++i) {
         info = loss_pi(nets.pi.forward(b.obs.data(), b.n), b, policy_of(nets), cfg_.clip_ratio, dy_);
         // Averaged over ranks, so every rank takes the same decision.
         if (mpiml::mpi_avg(info.kl) > 1.5 * cfg_.target_kl) break;
@@ -472,7 +491,8 @@ void PPO::update() {
         pi_opt_->step();
     }
     // Forward passes: the old loss and each iteration's; backward: each step taken.
-    double flops = (std::min(i + 1, cfg_.train_pi_iters) + 1) * nets.pi.forward_flops(b.n) +
+    const int pi_forwards = vpg_ ? 1 : std::min(i + 1, cfg_.train_pi_iters) + 1;
+    double flops = pi_forwards * nets.pi.forward_flops(b.n) +
                    i * nets.pi.backward_flops(b.n);
     flops += (cfg_.train_v_iters + 1) * nets.v.forward_flops(b.n) +
              cfg_.train_v_iters * nets.v.backward_flops(b.n);
@@ -493,13 +513,13 @@ void PPO::update() {
     phase.reset();
     times_.value.push_back(seconds_since(t_v));
 
-    logger_.store("StopIter", i);
+    if (!vpg_) logger_.store("StopIter", i);
     logger_.store("LossPi", old.loss);
     logger_.store("LossV", v_l_old);
     logger_.store("KL", info.kl);
     logger_.store("Entropy", old.ent);
-    logger_.store("ClipFrac", info.cf);
-    logger_.store("DeltaLossPi", cfg_.train_pi_iters > 0 ? info.loss - old.loss : 0.0);
+    if (!vpg_) logger_.store("ClipFrac", info.cf);
+    logger_.store("DeltaLossPi", info.loss - old.loss);
     logger_.store("DeltaLossV", cfg_.train_v_iters > 0 ? v_l - v_l_old : 0.0);
 }
 
@@ -526,18 +546,20 @@ bool PPO::log_rollout(int epoch) {
 
 void PPO::log_update(clock::time_point epoch_start, int64_t steps_done) {
     mpiml::Region r("logging");
-    for (const char* key :
-         {"LossPi", "LossV", "DeltaLossPi", "DeltaLossV", "Entropy", "KL", "ClipFrac", "StopIter"})
+    for (const char* key : {"LossPi", "LossV", "DeltaLossPi", "DeltaLossV", "Entropy", "KL"})
         logger_.log_tabular_stats(key, false, true);
+    if (!vpg_)
+        for (const char* key : {"ClipFrac", "StopIter"}) logger_.log_tabular_stats(key, false, true);
     logger_.log_tabular("Time", seconds_since(start_));
-    mpiml::pprint(table_row(logger_, static_cast<double>(steps_done) / seconds_since(epoch_start)));
+    mpiml::pprint(table_row(logger_, static_cast<double>(steps_done) / seconds_since(epoch_start),
+                            vpg_));
     logger_.dump_tabular();
 }
 
 int PPO::run() {
     start_ = clock::now();
     o_ = env_->reset();
-    mpiml::pprint(table_header());
+    mpiml::pprint(table_header(vpg_));
     int64_t total_steps = 0;
     const int64_t steps_done = static_cast<int64_t>(local_steps_) * cfg_.num_procs;
     for (int epoch = 0; epoch < cfg_.epochs; ++epoch) {
