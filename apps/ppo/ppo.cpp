@@ -365,6 +365,10 @@ private:
     ActorCritic ac_{nullptr};
     std::optional<Nets> nets_;
     std::optional<Adam> pi_opt_, vf_opt_;
+    // The policy's parameters and a one-element tensor whose gradient carries
+    // the KL, averaged over ranks in one call.
+    std::vector<Tensor> pi_and_kl_;
+    float* kl_slot_ = nullptr;
     int local_steps_;
     PPOBuffer buf_;
     Batch batch_;
@@ -420,6 +424,11 @@ PPO::PPO(Config cfg)
     }
     nets_.emplace(ac_, cfg_.activation);
     pi_opt_.emplace(adam_over(*ac_->pi, cfg_.pi_lr));
+    pi_and_kl_ = ac_->pi->parameters();
+    Tensor kl = torch::zeros({1}).requires_grad_(true);
+    kl.mutable_grad() = torch::zeros({1});
+    kl_slot_ = kl.mutable_grad().data_ptr<float>();
+    pi_and_kl_.push_back(kl);
     vf_opt_.emplace(adam_over(*ac_->v, cfg_.vf_lr));
 
     int64_t n_params = 0;
@@ -484,16 +493,19 @@ void PPO::update() {
     }
     for (; !vpg_ && i < cfg_.train_pi_iters; ++i) {
         info = loss_pi(nets.pi.forward(b.obs.data(), b.n), b, policy_of(nets), cfg_.clip_ratio, dy_);
-        // Averaged over ranks, so every rank takes the same decision.
-        if (mpiml::mpi_avg(info.kl) > 1.5 * cfg_.target_kl) break;
+        // The gradient before the decision, so that one allreduce averages it
+        // and the KL over ranks (every rank takes the same decision); it is
+        // used only if the step is taken.
         nets.pi.backward(dy_.data());
-        mpiml::mpi_avg_grads(ac_->pi);
+        *kl_slot_ = static_cast<float>(info.kl);
+        mpiml::mpi_avg_grads(pi_and_kl_);
+        if (*kl_slot_ > 1.5 * cfg_.target_kl) break;
         pi_opt_->step();
     }
-    // Forward passes: the old loss and each iteration's; backward: each step taken.
-    const int pi_forwards = vpg_ ? 1 : std::min(i + 1, cfg_.train_pi_iters) + 1;
-    double flops = pi_forwards * nets.pi.forward_flops(b.n) +
-                   i * nets.pi.backward_flops(b.n);
+    // Forward and backward passes: the old loss (forward only) and each iteration's.
+    const int pi_passes = vpg_ ? 1 : std::min(i + 1, cfg_.train_pi_iters);
+    double flops = (pi_passes + (vpg_ ? 0 : 1)) * nets.pi.forward_flops(b.n) +
+                   pi_passes * nets.pi.backward_flops(b.n);
     flops += (cfg_.train_v_iters + 1) * nets.v.forward_flops(b.n) +
              cfg_.train_v_iters * nets.v.backward_flops(b.n);
     times_.update_flops.push_back(flops);
