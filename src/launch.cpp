@@ -187,16 +187,24 @@ const char* kind_name(LauncherKind k) {
 
 }  // namespace
 
+// One thread per rank for OpenMP, MKL and the BLAS libraries Debian can
+// switch libblas.so.3 to (OpenBLAS, BLIS).
+constexpr const char* thread_vars[] = {"OMP_NUM_THREADS",      "MKL_NUM_THREADS",
+                                       "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                                       "BLIS_NUM_THREADS"};
+constexpr const char* forked_vars[] = {"IN_MPI",               "OMP_NUM_THREADS",
+                                       "MKL_NUM_THREADS",      "OPENBLAS_NUM_THREADS",
+                                       "GOTO_NUM_THREADS",     "BLIS_NUM_THREADS"};
+
 LaunchPlan plan_fork(int n, bool bind_to_core) {
     if (n < 1) fail(call_name, "n must be at least 1, got " + std::to_string(n));
     LaunchPlan plan;
     for (auto& kv : environ_now())
         if (!is_runtime_var(kv)) plan.env.push_back(kv);
-    for (const char* name : {"IN_MPI", "OMP_NUM_THREADS", "MKL_NUM_THREADS"})
+    for (const char* name : forked_vars)
         std::erase_if(plan.env, [&](const std::string& kv) { return env_name(kv) == name; });
     plan.env.emplace_back("IN_MPI=1");
-    plan.env.emplace_back("OMP_NUM_THREADS=1");
-    plan.env.emplace_back("MKL_NUM_THREADS=1");
+    for (const char* name : thread_vars) plan.env.push_back(std::string(name) + "=1");
 
     const char* override_launcher = std::getenv("MPIML_MPIRUN");
     if (override_launcher && *override_launcher) {
@@ -253,8 +261,7 @@ LaunchPlan plan_fork(int n, bool bind_to_core) {
             if (::geteuid() == 0) a.emplace_back("--allow-run-as-root");
             if (bind_to_core)
                 a.insert(a.end(), {"--bind-to", oversubscribed ? "core:overload-allowed" : "core"});
-            for (const char* v : {"IN_MPI", "OMP_NUM_THREADS", "MKL_NUM_THREADS"})
-                a.insert(a.end(), {"-x", v});
+            for (const char* v : forked_vars) a.insert(a.end(), {"-x", v});
             break;
         case LauncherKind::mpich:
             a.insert(a.end(), {"-n", std::to_string(n)});

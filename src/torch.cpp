@@ -16,6 +16,7 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <dlfcn.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -1264,8 +1265,12 @@ void setup_pytorch_for_mpi() {
         cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
         sharing = local;
     }
-    if (at::get_num_threads() == 1) return;
-    at::set_num_threads(std::max(1, cpus / std::max(1, sharing)));
+    const int share = at::get_num_threads() == 1 ? 1 : std::max(1, cpus / std::max(1, sharing));
+    // The BLAS behind libblas.so.3 (LibTorch's sgemm) keeps its own pool.
+    using SetThreads = void (*)(int);
+    for (const char* fn : {"openblas_set_num_threads", "bli_thread_set_num_threads"})
+        if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, fn))) set(share);
+    if (at::get_num_threads() != share) at::set_num_threads(share);
 }
 
 void sync_params(torch::nn::Module& module, int root, Comm comm) {

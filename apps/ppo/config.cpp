@@ -6,6 +6,7 @@ namespace ppo {
 
 std::string to_json(const Config& c) {
     nlohmann::ordered_json j;
+    j["algo"] = c.algo;
     j["env"] = c.env;
     j["seed"] = c.seed;
     j["cpu"] = c.cpu;
@@ -37,6 +38,7 @@ Config config_from_json(const std::string& text) {
     auto get = [&](const char* key, auto& field) {
         if (j.contains(key) && !j[key].is_null()) j[key].get_to(field);
     };
+    get("algo", c.algo);
     get("env", c.env);
     get("seed", c.seed);
     get("cpu", c.cpu);

@@ -8,6 +8,7 @@
 namespace ppo {
 
 struct Config {
+    std::string algo = "ppo";  ///< "ppo" or "vpg" (Spinning Up's VPG: one policy step per epoch)
     std::string env = "CartPole-v1";
     int seed = 0;
     int cpu = 1;

@@ -1,6 +1,7 @@
 #include "envs.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numbers>
 #include <stdexcept>
@@ -101,15 +102,140 @@ StepResult Pendulum::step(const std::vector<float>& action) {
     return r;
 }
 
+// ------------------------------------------------------------------- Acrobot
+
+namespace {
+
+using State5 = std::array<double, 5>;  // theta1, theta2, dtheta1, dtheta2, torque
+
+State5 acrobot_dsdt(const State5& s) {
+    using A = Acrobot;
+    constexpr double i1 = A::moi, i2 = A::moi;
+    const double a = s[4], theta1 = s[0], theta2 = s[1], dtheta1 = s[2], dtheta2 = s[3];
+    const double d1 = A::m1 * A::lc1 * A::lc1 +
+                      A::m2 * (A::l1 * A::l1 + A::lc2 * A::lc2 +
+                               2 * A::l1 * A::lc2 * std::cos(theta2)) +
+                      i1 + i2;
+    const double d2 = A::m2 * (A::lc2 * A::lc2 + A::l1 * A::lc2 * std::cos(theta2)) + i2;
+    const double phi2 = A::m2 * A::lc2 * A::g * std::cos(theta1 + theta2 - A::pi / 2.0);
+    const double phi1 = -A::m2 * A::l1 * A::lc2 * dtheta2 * dtheta2 * std::sin(theta2) -
+                        2 * A::m2 * A::l1 * A::lc2 * dtheta2 * dtheta1 * std::sin(theta2) +
+                        (A::m1 * A::lc1 + A::m2 * A::l1) * A::g * std::cos(theta1 - A::pi / 2) +
+                        phi2;
+    // The book's equations (Gym's default), not the NIPS paper's.
+    const double ddtheta2 = (a + d2 / d1 * phi1 -
+                             A::m2 * A::l1 * A::lc2 * dtheta1 * dtheta1 * std::sin(theta2) - phi2) /
+                            (A::m2 * A::lc2 * A::lc2 + i2 - d2 * d2 / d1);
+    const double ddtheta1 = -(d2 * ddtheta2 + phi1) / d1;
+    return {dtheta1, dtheta2, ddtheta1, ddtheta2, 0.0};
+}
+
+/// Gym's wrap: x shifted by whole periods into [m, M].
+double wrap(double x, double m, double big_m) {
+    const double diff = big_m - m;
+    while (x > big_m) x -= diff;
+    while (x < m) x += diff;
+    return x;
+}
+
+}  // namespace
+
+std::vector<float> Acrobot::reset() {
+    std::uniform_real_distribution<double> u(-0.1, 0.1);
+    for (double& v : s_) v = u(rng_);
+    t_ = 0;
+    return obs();
+}
+
+void Acrobot::set_state(double theta1, double theta2, double dtheta1, double dtheta2) {
+    s_[0] = theta1, s_[1] = theta2, s_[2] = dtheta1, s_[3] = dtheta2;
+}
+
+std::vector<float> Acrobot::obs() const {
+    return {static_cast<float>(std::cos(s_[0])), static_cast<float>(std::sin(s_[0])),
+            static_cast<float>(std::cos(s_[1])), static_cast<float>(std::sin(s_[1])),
+            static_cast<float>(s_[2]),           static_cast<float>(s_[3])};
+}
+
+StepResult Acrobot::step(const std::vector<float>& action) {
+    const int a = action.empty() ? -1 : static_cast<int>(action[0]);
+    if (a < 0 || a > 2) throw std::invalid_argument("Acrobot: action must be 0, 1 or 2");
+    const State5 y0 = {s_[0], s_[1], s_[2], s_[3], static_cast<double>(a - 1)};
+    // One RK4 step over [0, dt], as Gym's rk4 with t = [0, dt].
+    auto axpy = [](const State5& y, double h, const State5& k) {
+        State5 r;
+        for (int i = 0; i < 5; ++i) r[i] = y[i] + h * k[i];
+        return r;
+    };
+    const double h2 = dt / 2.0;
+    const State5 k1 = acrobot_dsdt(y0);
+    const State5 k2 = acrobot_dsdt(axpy(y0, h2, k1));
+    const State5 k3 = acrobot_dsdt(axpy(y0, h2, k2));
+    const State5 k4 = acrobot_dsdt(axpy(y0, dt, k3));
+    double ns[4];
+    for (int i = 0; i < 4; ++i) ns[i] = y0[i] + dt / 6.0 * (k1[i] + 2 * k2[i] + 2 * k3[i] + k4[i]);
+    s_[0] = wrap(ns[0], -pi, pi);
+    s_[1] = wrap(ns[1], -pi, pi);
+    s_[2] = std::clamp(ns[2], -max_vel_1, max_vel_1);
+    s_[3] = std::clamp(ns[3], -max_vel_2, max_vel_2);
+    ++t_;
+
+    StepResult r;
+    r.obs = obs();
+    r.terminated = -std::cos(s_[0]) - std::cos(s_[1] + s_[0]) > 1.0;
+    r.reward = r.terminated ? 0.0 : -1.0;
+    r.truncated = !r.terminated && t_ >= max_episode_steps();
+    return r;
+}
+
+// ---------------------------------------------------- MountainCarContinuous
+
+std::vector<float> MountainCarContinuous::reset() {
+    pos_ = std::uniform_real_distribution<double>(-0.6, -0.4)(rng_);
+    vel_ = 0.0;
+    t_ = 0;
+    return {static_cast<float>(pos_), static_cast<float>(vel_)};
+}
+
+void MountainCarContinuous::set_state(double position, double velocity) {
+    pos_ = position;
+    vel_ = velocity;
+}
+
+StepResult MountainCarContinuous::step(const std::vector<float>& action) {
+    const double a = action.empty() ? 0.0 : static_cast<double>(action[0]);
+    const double force = std::clamp(a, -1.0, 1.0);
+    double velocity = vel_ + force * power - 0.0025 * std::cos(3 * pos_);
+    velocity = std::clamp(velocity, -max_speed, max_speed);
+    double position = std::clamp(pos_ + velocity, min_position, max_position);
+    if (position == min_position && velocity < 0) velocity = 0;
+    ++t_;
+
+    StepResult r;
+    r.terminated = position >= goal_position && velocity >= 0.0;
+    r.reward = (r.terminated ? 100.0 : 0.0) - a * a * 0.1;  // the unclipped action's cost
+    r.truncated = !r.terminated && t_ >= max_episode_steps();
+    // Gym keeps the state as float32 between steps.
+    pos_ = static_cast<float>(position);
+    vel_ = static_cast<float>(velocity);
+    r.obs = {static_cast<float>(pos_), static_cast<float>(vel_)};
+    return r;
+}
+
 // ------------------------------------------------------------------ factory
 
-std::vector<std::string> env_names() { return {"CartPole-v1", "Pendulum-v1"}; }
+std::vector<std::string> env_names() {
+    return {"CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCarContinuous-v0"};
+}
 
 std::unique_ptr<Env> make_env(const std::string& name) {
     if (name == "CartPole-v1") return std::make_unique<CartPole>();
     if (name == "Pendulum-v1") return std::make_unique<Pendulum>();
-    throw std::invalid_argument("unknown environment '" + name +
-                                "' (known: CartPole-v1, Pendulum-v1)");
+    if (name == "Acrobot-v1") return std::make_unique<Acrobot>();
+    if (name == "MountainCarContinuous-v0") return std::make_unique<MountainCarContinuous>();
+    std::string known;
+    for (const auto& n : env_names()) known += (known.empty() ? "" : ", ") + n;
+    throw std::invalid_argument("unknown environment '" + name + "' (known: " + known + ")");
 }
 
 }  // namespace ppo

@@ -1,5 +1,6 @@
 // Environments for mpiml-ppo, written in plain C++ (no LibTorch): Gym's
-// CartPole-v1 and Pendulum-v1, with their dynamics, rewards and time limits.
+// CartPole-v1, Pendulum-v1, Acrobot-v1 and MountainCarContinuous-v0, with their
+// dynamics, rewards and time limits.
 #pragma once
 
 #include <cstdint>
@@ -94,10 +95,62 @@ private:
     double th_ = 0.0, thdot_ = 0.0;
 };
 
+/// Gym's Acrobot-v1: two links, torque -1, 0 or +1 (actions 0, 1, 2) on the
+/// joint between them; reward -1 per step until the free end rises one link
+/// above the base (terminated, reward 0); RK4 over dt = 0.2 with the book's
+/// equations; truncated at 500 steps. Observation: cos and sin of both angles,
+/// and both angular velocities.
+class Acrobot final : public Env {
+public:
+    static constexpr double dt = 0.2, l1 = 1.0, m1 = 1.0, m2 = 1.0, lc1 = 0.5, lc2 = 0.5;
+    static constexpr double moi = 1.0, g = 9.8;
+    static constexpr double pi = 3.14159265358979323846;
+    static constexpr double max_vel_1 = 4 * pi, max_vel_2 = 9 * pi;
+
+    std::string name() const override { return "Acrobot-v1"; }
+    int obs_dim() const override { return 6; }
+    ActionSpace action_space() const override { return {true, 3, 0, 0.0, 0.0}; }
+    int max_episode_steps() const override { return 500; }
+    std::vector<float> reset() override;
+    StepResult step(const std::vector<float>& action) override;
+
+    /// Sets (theta1, theta2, dtheta1, dtheta2) without touching the step count.
+    void set_state(double theta1, double theta2, double dtheta1, double dtheta2);
+    const double* state() const { return s_; }
+
+private:
+    std::vector<float> obs() const;
+    double s_[4] = {0, 0, 0, 0};
+};
+
+/// Gym's MountainCarContinuous-v0: force in [-1, 1] drives a car up a hill;
+/// reward 100 on reaching position 0.45 (terminated) minus 0.1 action^2 per
+/// step; truncated at 999 steps. Observation: position, velocity (the state is
+/// kept in float32 between steps, as Gym keeps it).
+class MountainCarContinuous final : public Env {
+public:
+    static constexpr double min_position = -1.2, max_position = 0.6, max_speed = 0.07;
+    static constexpr double goal_position = 0.45, power = 0.0015;
+
+    std::string name() const override { return "MountainCarContinuous-v0"; }
+    int obs_dim() const override { return 2; }
+    ActionSpace action_space() const override { return {false, 0, 1, -1.0, 1.0}; }
+    int max_episode_steps() const override { return 999; }
+    std::vector<float> reset() override;
+    StepResult step(const std::vector<float>& action) override;
+
+    void set_state(double position, double velocity);
+    double position() const { return pos_; }
+    double velocity() const { return vel_; }
+
+private:
+    double pos_ = 0.0, vel_ = 0.0;
+};
+
 /// Gym's angle_normalize: x wrapped into [-pi, pi).
 double angle_normalize(double x);
 
-/// "CartPole-v1" or "Pendulum-v1"; throws std::invalid_argument otherwise.
+/// One of env_names(); throws std::invalid_argument otherwise.
 std::unique_ptr<Env> make_env(const std::string& name);
 std::vector<std::string> env_names();
 

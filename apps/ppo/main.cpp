@@ -2,6 +2,7 @@
 //
 //   mpiml-ppo --env CartPole-v1 --cpu 2          train on 2 ranks
 //   mpiml-ppo --test out/ppo-CartPole-v1-s0      run the saved policy
+#include "cli.hpp"
 #include "config.hpp"
 #include "envs.hpp"
 #include "logger.hpp"
@@ -14,16 +15,20 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+
+namespace cli = ppo::cli;
 
 int main(int argc, char** argv) {
     ppo::Config cfg;
     ppo::TestOptions test;
     std::string plot_dir;
     bool bind_to_core = false;
+    std::string cpu_arg = "1";
 
     CLI::App app{
         "mpiml-ppo: Proximal Policy Optimization (PPO-clip with GAE-lambda), data-parallel\n"
@@ -36,56 +41,72 @@ int main(int argc, char** argv) {
         "mpiml-ppo"};
     app.get_formatter()->column_width(34);
 
+    app.add_option("--algo", cfg.algo,
+                   "ppo, or vpg: Spinning Up's VPG (one policy gradient step per epoch; "
+                   "--clip-ratio, --train-pi-iters and --target-kl do not apply)")
+        ->check(cli::one_of({"ppo", "vpg"}))
+        ->capture_default_str();
     app.add_option("--env", cfg.env, "Environment")
-        ->check(CLI::IsMember(ppo::env_names()))
+        ->check(cli::one_of(ppo::env_names()))
         ->capture_default_str();
     app.add_option("--seed", cfg.seed, "Random seed (rank r uses seed + 10000 r)")
+        ->check(cli::whole_at_least(0))
         ->capture_default_str();
-    app.add_option("--cpu", cfg.cpu,
-                   "Number of MPI ranks: the program re-launches itself with mpirun "
-                   "(mpi_fork); 1 runs in this process")
-        ->check(CLI::PositiveNumber)
+    app.add_option("--cpu", cpu_arg,
+                   "Number of MPI ranks, or auto for one per core of this node: the program "
+                   "re-launches itself with mpirun (mpi_fork); 1 runs in this process")
+        ->check(cli::ranks())
         ->capture_default_str();
     app.add_flag("--bind-to-core", bind_to_core, "With --cpu N > 1: bind each rank to a core");
     app.add_option("--epochs", cfg.epochs, "Number of epochs (policy updates)")
-        ->check(CLI::PositiveNumber)
+        ->check(cli::whole_at_least(1))
         ->capture_default_str();
     app.add_option("--steps-per-epoch,--steps", cfg.steps_per_epoch,
                    "Environment steps per epoch, summed over all ranks")
-        ->check(CLI::PositiveNumber)
+        ->check(cli::whole_at_least(1))
         ->capture_default_str();
-    app.add_option("--gamma", cfg.gamma, "Discount factor")->capture_default_str();
-    app.add_option("--lam", cfg.lam, "GAE lambda")->capture_default_str();
+    app.add_option("--gamma", cfg.gamma, "Discount factor")
+        ->check(cli::number_in(0, 1))
+        ->capture_default_str();
+    app.add_option("--lam", cfg.lam, "GAE lambda")
+        ->check(cli::number_in(0, 1))
+        ->capture_default_str();
     app.add_option("--clip-ratio", cfg.clip_ratio, "PPO clip range epsilon")
+        ->check(cli::number_in(0, 1, true, true))
         ->capture_default_str();
-    app.add_option("--pi-lr", cfg.pi_lr, "Policy learning rate (Adam)")->capture_default_str();
+    app.add_option("--pi-lr", cfg.pi_lr, "Policy learning rate (Adam)")
+        ->check(cli::number_in(0, HUGE_VAL, true))
+        ->capture_default_str();
     app.add_option("--vf-lr", cfg.vf_lr, "Value function learning rate (Adam)")
+        ->check(cli::number_in(0, HUGE_VAL, true))
         ->capture_default_str();
     app.add_option("--train-pi-iters", cfg.train_pi_iters,
                    "Max policy gradient steps per epoch")
-        ->check(CLI::PositiveNumber)
+        ->check(cli::whole_at_least(1))
         ->capture_default_str();
     app.add_option("--train-v-iters", cfg.train_v_iters, "Value function steps per epoch")
-        ->check(CLI::NonNegativeNumber)
+        ->check(cli::whole_at_least(0))
         ->capture_default_str();
     app.add_option("--target-kl", cfg.target_kl,
                    "Stop policy steps once the mean KL exceeds 1.5 * target-kl")
+        ->check(cli::number_in(0, HUGE_VAL, true))
         ->capture_default_str();
     app.add_option("--max-ep-len", cfg.max_ep_len,
                    "Cut episodes after this many steps (the environments' own limits "
-                   "apply too: 500 for CartPole-v1, 200 for Pendulum-v1)")
-        ->check(CLI::PositiveNumber)
+                   "apply too: 500 for CartPole-v1 and Acrobot-v1, 200 for Pendulum-v1, 999 for "
+                   "MountainCarContinuous-v0)")
+        ->check(cli::whole_at_least(1))
         ->capture_default_str();
     app.add_option("--hidden", cfg.hidden, "Hidden layer sizes of the policy and value MLPs")
         ->delimiter(',')
         ->expected(1, 16)
-        ->check(CLI::PositiveNumber)
+        ->check(cli::whole_at_least(1))
         ->default_str("64,64");
     app.add_option("--activation", cfg.activation, "Hidden-layer activation")
-        ->check(CLI::IsMember({"tanh", "relu"}))
+        ->check(cli::one_of({"tanh", "relu"}))
         ->capture_default_str();
     app.add_option("--out", cfg.out,
-                   "Output folder (default: out/ppo-<env>-s<seed>, relative to the "
+                   "Output folder (default: out/<algo>-<env>-s<seed>, relative to the "
                    "working directory)");
     app.add_option("--profile", cfg.profile,
                    "Profile every rank into this folder: profile_<rank>.json and timeline.json "
@@ -93,26 +114,26 @@ int main(int argc, char** argv) {
                    "docs/PROFILING.md");
     app.add_option("--save-freq", cfg.save_freq,
                    "Save the policy every this many epochs (and at the end)")
-        ->check(CLI::PositiveNumber)
+        ->check(cli::whole_at_least(1))
         ->capture_default_str();
     app.add_option("--stop-at-return", cfg.stop_at_return,
-                   "Stop after the first epoch whose AverageEpRet reaches this value");
+                   "Stop after the first epoch whose AverageEpRet reaches this value")
+        ->check(cli::number_in(-HUGE_VAL, HUGE_VAL));
 
     auto* test_opt = app.add_option("--test", test.dir,
                                     "Do not train: load the policy saved in this output folder "
                                     "and run --episodes episodes, printing their returns")
-                         ->check(CLI::ExistingDirectory);
+                         ->check(cli::existing_folder());
     app.add_option("--episodes", test.episodes, "With --test: number of episodes")
-        ->check(CLI::NonNegativeNumber)
+        ->check(cli::whole_at_least(0))
         ->capture_default_str();
     app.add_flag("--deterministic", test.deterministic,
                  "With --test: take the most likely (or mean) action instead of sampling");
-    auto* plot_opt = app.add_option("--plot", plot_dir,
-                                    "Do not train: redraw learning_curve.svg from the "
-                                    "progress.txt in this folder")
-                         ->check(CLI::ExistingDirectory)
-                         ->excludes(test_opt);
-    (void)plot_opt;
+    app.add_option("--plot", plot_dir,
+                   "Do not train: redraw learning_curve.svg from the progress.txt in this folder")
+        ->check(cli::existing_folder())
+        ->excludes(test_opt);
+    app.failure_message(cli::failure_message);
 
     CLI11_PARSE(app, argc, argv);
 
@@ -142,7 +163,8 @@ int main(int argc, char** argv) {
         return 1;
     }
 
-    if (cfg.out.empty()) cfg.out = fmt::format("out/ppo-{}-s{}", cfg.env, cfg.seed);
+    cfg.cpu = cpu_arg == "auto" ? cli::node_cores() : std::stoi(cpu_arg);
+    if (cfg.out.empty()) cfg.out = fmt::format("out/{}-{}-s{}", cfg.algo, cfg.env, cfg.seed);
     // Re-launch under mpirun with cfg.cpu ranks; in the children this returns.
     mpiml::mpi_fork(cfg.cpu, bind_to_core);
     return mpiml::run(argc, argv, [&](int, char**) { return ppo::train(cfg); });

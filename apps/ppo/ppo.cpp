@@ -4,6 +4,8 @@
 #include "envs.hpp"
 #include "gae.hpp"
 #include "logger.hpp"
+#include "losses.hpp"
+#include "mlp.hpp"
 #include "plot.hpp"
 
 #include <mpiml/collectives.hpp>
@@ -16,12 +18,15 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <numbers>
 #include <optional>
+#include <random>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 
@@ -60,9 +65,10 @@ std::vector<int64_t> layer_sizes(int in, const std::vector<int>& hidden, int out
     return s;
 }
 
-/// The policy: categorical over logits_net(obs), or Gaussian with mean
-/// mu_net(obs) and a state-independent log_std (initialized to -0.5).
-/// Parameter names follow Spinning Up's MLPActorCritic.
+/// The policy's parameters: categorical over logits_net(obs), or Gaussian
+/// with mean mu_net(obs) and a state-independent log_std (initialized to
+/// -0.5). Parameter names follow Spinning Up's MLPActorCritic; the arithmetic
+/// is Nets' (below).
 struct ActorImpl : nn::Module {
     ActorImpl(int obs_dim, const ActionSpace& space, const std::vector<int>& hidden,
               const std::string& activation)
@@ -77,34 +83,6 @@ struct ActorImpl : nn::Module {
         }
     }
 
-    /// The policy's distribution at obs ([obs_dim], or [N, obs_dim] for a batch).
-    struct Dist {
-        Tensor logits_or_mu;  ///< log-softmax (discrete) or mean (Gaussian)
-        Tensor log_std;
-    };
-    Dist distribution(const Tensor& obs) {
-        if (discrete) return {torch::log_softmax(net->forward(obs), -1), {}};
-        return {net->forward(obs), log_std};
-    }
-    /// Log-probability of act: [N] (int64, discrete) or [N, act_dim] for a batch.
-    Tensor log_prob(const Dist& d, const Tensor& act) const {
-        if (discrete) return d.logits_or_mu.gather(-1, act.unsqueeze(-1)).squeeze(-1);
-        const Tensor z = (act - d.logits_or_mu) * torch::exp(-d.log_std);
-        return (-0.5 * z * z - d.log_std - 0.5 * std::log(2.0 * std::numbers::pi)).sum(-1);
-    }
-    /// Mean entropy over the batch (and over action dimensions, as Spinning Up).
-    Tensor entropy(const Dist& d) const {
-        if (discrete) return -(d.logits_or_mu.exp() * d.logits_or_mu).sum(-1).mean();
-        return (0.5 + 0.5 * std::log(2.0 * std::numbers::pi) + d.log_std).mean();
-    }
-    Tensor sample(const Dist& d, bool deterministic) const {
-        if (discrete)
-            return deterministic ? d.logits_or_mu.argmax(-1)
-                                 : torch::multinomial(d.logits_or_mu.exp(), 1).squeeze(-1);
-        if (deterministic) return d.logits_or_mu;
-        return d.logits_or_mu + torch::exp(d.log_std) * torch::randn_like(d.logits_or_mu);
-    }
-
     bool discrete;
     nn::Sequential net{nullptr};
     Tensor log_std;
@@ -114,7 +92,6 @@ TORCH_MODULE(Actor);
 struct CriticImpl : nn::Module {
     CriticImpl(int obs_dim, const std::vector<int>& hidden, const std::string& activation)
         : v_net(register_module("v_net", mlp(layer_sizes(obs_dim, hidden, 1), activation))) {}
-    Tensor forward(const Tensor& obs) { return v_net->forward(obs).squeeze(-1); }
     nn::Sequential v_net;
 };
 TORCH_MODULE(Critic);
@@ -129,6 +106,59 @@ struct ActorCriticImpl : nn::Module {
 };
 TORCH_MODULE(ActorCritic);
 
+// ------------------------------------------------------------- fast paths
+
+/// Spinning Up's mlp() as BLAS kernels over seq's Linear parameters; gives
+/// every parameter a gradient tensor for the kernels to write into.
+Mlp mlp_kernels(nn::Sequential& seq, Activation act) {
+    std::vector<LinearRef> layers;
+    for (const auto& m : seq->children()) {
+        auto* lin = m->as<nn::Linear>();
+        if (!lin) continue;
+        Tensor& w = lin->weight;
+        Tensor& b = lin->bias;
+        w.mutable_grad() = torch::zeros_like(w);
+        b.mutable_grad() = torch::zeros_like(b);
+        layers.push_back({static_cast<int>(w.size(1)), static_cast<int>(w.size(0)),
+                          w.data_ptr<float>(), b.data_ptr<float>(),
+                          w.mutable_grad().data_ptr<float>(), b.mutable_grad().data_ptr<float>()});
+    }
+    return Mlp(std::move(layers), act);
+}
+
+Adam adam_over(nn::Module& module, double lr) {
+    std::vector<Adam::Param> ps;
+    for (auto& p : module.parameters())
+        ps.push_back({p.data_ptr<float>(), p.grad().data_ptr<float>(),
+                      static_cast<std::size_t>(p.numel())});
+    return Adam(std::move(ps), lr);
+}
+
+/// The actor-critic's networks as kernels over the module's own storage: the
+/// module keeps the parameters (for sync_params, mpi_avg_grads, policy.pt).
+struct Nets {
+    Nets(ActorCritic& ac, const std::string& activation)
+        : discrete(ac->pi->discrete),
+          pi(mlp_kernels(ac->pi->net, activation == "relu" ? Activation::relu : Activation::tanh)),
+          v(mlp_kernels(ac->v->v_net, activation == "relu" ? Activation::relu : Activation::tanh)),
+          act_dim(discrete ? 1 : pi.out_dim()) {
+        if (!discrete) {
+            ac->pi->log_std.mutable_grad() = torch::zeros_like(ac->pi->log_std);
+            log_std = ac->pi->log_std.data_ptr<float>();
+            log_std_grad = ac->pi->log_std.mutable_grad().data_ptr<float>();
+        }
+    }
+    bool discrete;
+    Mlp pi, v;
+    int act_dim;
+    float* log_std = nullptr;       ///< Gaussian policy only
+    float* log_std_grad = nullptr;
+};
+
+PolicyHead policy_of(const Nets& nets) {
+    return {nets.discrete, nets.pi.out_dim(), nets.log_std, nets.log_std_grad};
+}
+
 /// One action for one observation, with its log-probability and V(obs).
 struct StepOut {
     std::vector<float> action;
@@ -136,29 +166,40 @@ struct StepOut {
     double v = 0.0;
 };
 
-StepOut act(ActorCritic& ac, const std::vector<float>& obs, bool deterministic = false) {
-    torch::NoGradGuard no_grad;
-    const Tensor o = torch::from_blob(const_cast<float*>(obs.data()),
-                                      {static_cast<int64_t>(obs.size())}, torch::kFloat);
-    const auto d = ac->pi->distribution(o);
-    const Tensor a = ac->pi->sample(d, deterministic);
-    StepOut out;
-    out.logp = ac->pi->log_prob(d, a).item<double>();
-    out.v = ac->v->forward(o).item<double>();
-    if (ac->pi->discrete) {
-        out.action = {static_cast<float>(a.item<int64_t>())};
+/// Samples (or, deterministic, takes the most likely / mean) action at obs.
+void act(Nets& nets, const float* obs, std::mt19937_64& rng, bool deterministic, StepOut& out) {
+    const float* y = nets.pi.forward(obs, 1);
+    const int m = nets.pi.out_dim();
+    if (nets.discrete) {
+        double mx = y[0];
+        for (int k = 1; k < m; ++k) mx = std::max(mx, static_cast<double>(y[k]));
+        double sum = 0.0;
+        for (int k = 0; k < m; ++k) sum += std::exp(y[k] - mx);
+        const double lse = mx + std::log(sum);
+        int a = 0;
+        if (deterministic) {
+            for (int k = 1; k < m; ++k) a = y[k] > y[a] ? k : a;
+        } else {
+            double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+            for (a = 0; a + 1 < m; ++a) {
+                u -= std::exp(y[a] - lse);
+                if (u < 0.0) break;
+            }
+        }
+        out.action.assign(1, static_cast<float>(a));
+        out.logp = y[a] - lse;
     } else {
-        const Tensor ac_f = a.contiguous();
-        out.action.assign(ac_f.data_ptr<float>(), ac_f.data_ptr<float>() + ac_f.numel());
+        out.action.resize(static_cast<std::size_t>(m));
+        std::normal_distribution<float> normal;
+        double logp = 0.0;
+        for (int d = 0; d < m; ++d) {
+            const float eps = deterministic ? 0.0f : normal(rng);
+            out.action[d] = y[d] + std::exp(nets.log_std[d]) * eps;
+            logp += -0.5 * static_cast<double>(eps) * eps - nets.log_std[d] - half_log_2pi;
+        }
+        out.logp = logp;
     }
-    return out;
-}
-
-double value(ActorCritic& ac, const std::vector<float>& obs) {
-    torch::NoGradGuard no_grad;
-    const Tensor o = torch::from_blob(const_cast<float*>(obs.data()),
-                                      {static_cast<int64_t>(obs.size())}, torch::kFloat);
-    return ac->v->forward(o).item<double>();
+    out.v = nets.v.forward(obs, 1)[0];
 }
 
 // ------------------------------------------------------------------ buffer
@@ -167,69 +208,58 @@ double value(ActorCritic& ac, const std::vector<float>& obs) {
 /// GAE-lambda advantages and rewards-to-go computed as each path finishes.
 class PPOBuffer {
 public:
-    PPOBuffer(int obs_dim, int act_dim, bool discrete, int size, double gamma, double lam)
-        : obs_dim_(obs_dim), act_dim_(act_dim), discrete_(discrete), size_(size), gamma_(gamma),
-          lam_(lam) {
-        obs_.reserve(static_cast<std::size_t>(size) * obs_dim);
-        act_.reserve(static_cast<std::size_t>(size) * act_dim);
+    PPOBuffer(int obs_dim, int act_dim, int size, double gamma, double lam)
+        : obs_dim_(obs_dim), act_dim_(act_dim), size_(size), gamma_(gamma), lam_(lam) {
+        obs_.resize(static_cast<std::size_t>(size) * obs_dim);
+        act_.resize(static_cast<std::size_t>(size) * act_dim);
+        for (auto* v : {&rew_, &val_, &logp_, &adv_, &ret_}) v->resize(size);
     }
 
     void store(const std::vector<float>& obs, const std::vector<float>& act, double rew,
                double val, double logp) {
-        if (static_cast<int>(rew_.size()) >= size_) throw std::logic_error("PPOBuffer is full");
-        obs_.insert(obs_.end(), obs.begin(), obs.end());
-        act_.insert(act_.end(), act.begin(), act.end());
-        rew_.push_back(rew);
-        val_.push_back(val);
-        logp_.push_back(logp);
+        if (ptr_ >= static_cast<std::size_t>(size_)) throw std::logic_error("PPOBuffer is full");
+        std::copy(obs.begin(), obs.end(), obs_.begin() + ptr_ * obs_dim_);
+        std::copy(act.begin(), act.end(), act_.begin() + ptr_ * act_dim_);
+        rew_[ptr_] = rew;
+        val_[ptr_] = val;
+        logp_[ptr_] = logp;
+        ++ptr_;
     }
 
     /// Ends the current path; last_val is 0 if the episode terminated, else
     /// V(s_T) to bootstrap the cut-off rewards.
     void finish_path(double last_val) {
-        const std::size_t start = path_start_, end = rew_.size();
-        adv_.resize(end);
-        ret_.resize(end);
-        gae_lambda(rew_.data() + start, val_.data() + start, end - start, last_val, gamma_, lam_,
-                   adv_.data() + start, ret_.data() + start);
-        path_start_ = end;
+        gae_lambda(rew_.data() + path_start_, val_.data() + path_start_, ptr_ - path_start_,
+                   last_val, gamma_, lam_, adv_.data() + path_start_, ret_.data() + path_start_);
+        path_start_ = ptr_;
     }
 
-    struct Batch {
-        Tensor obs, act, ret, adv, logp;
-    };
+    /// V(s_t) of the epoch's steps (VVals).
+    std::span<const double> values() const { return {val_.data(), ptr_}; }
 
     /// Collective: the epoch's data with advantages normalized by the mean
-    /// and std pooled over all ranks; empties the buffer.
-    Batch get() {
-        if (static_cast<int>(rew_.size()) != size_ || path_start_ != rew_.size())
+    /// and std pooled over all ranks, written into b; empties the buffer.
+    void get(Batch& b) {
+        if (ptr_ != static_cast<std::size_t>(size_) || path_start_ != ptr_)
             throw std::logic_error("PPOBuffer::get before the epoch's paths are finished");
         const auto st = mpiml::mpi_statistics_scalar(adv_);
-        const int64_t n = size_;
-        Batch b;
-        b.obs = torch::from_blob(obs_.data(), {n, obs_dim_}, torch::kFloat).clone();
-        if (discrete_)
-            b.act = torch::from_blob(act_.data(), {n}, torch::kFloat).to(torch::kLong);
-        else
-            b.act = torch::from_blob(act_.data(), {n, act_dim_}, torch::kFloat).clone();
-        b.ret = torch::tensor(ret_, torch::kDouble).to(torch::kFloat);
-        b.adv = ((torch::tensor(adv_, torch::kDouble) - st.mean) / (st.std + 1e-8))
-                    .to(torch::kFloat);
-        b.logp = torch::tensor(logp_, torch::kDouble).to(torch::kFloat);
-        obs_.clear(), act_.clear(), rew_.clear(), val_.clear(), logp_.clear();
-        adv_.clear(), ret_.clear();
-        path_start_ = 0;
-        return b;
+        b.n = size_;
+        b.obs = obs_;
+        b.act = act_;
+        b.ret.assign(ret_.begin(), ret_.end());
+        b.logp.assign(logp_.begin(), logp_.end());
+        b.adv.resize(adv_.size());
+        for (std::size_t i = 0; i < adv_.size(); ++i)
+            b.adv[i] = static_cast<float>((adv_[i] - st.mean) / (st.std + 1e-8));
+        ptr_ = path_start_ = 0;
     }
 
 private:
-    int obs_dim_, act_dim_;
-    bool discrete_;
-    int size_;
+    int obs_dim_, act_dim_, size_;
     double gamma_, lam_;
     std::vector<float> obs_, act_;
     std::vector<double> rew_, val_, logp_, adv_, ret_;
-    std::size_t path_start_ = 0;
+    std::size_t ptr_ = 0, path_start_ = 0;
 };
 
 // ------------------------------------------------------------------ output
@@ -251,16 +281,23 @@ const Column table_columns[] = {
     {"Time", "Time", 7},             {"steps/s", "steps/s", 8},
 };
 
-std::string table_header() {
+bool in_table(const Column& c, bool vpg) {
+    const std::string key = c.key;
+    return !(vpg && (key == "ClipFrac" || key == "StopIter"));
+}
+
+std::string table_header(bool vpg) {
     std::string s;
-    for (const auto& c : table_columns) s += fmt::format("{:>{}} ", c.label, c.width);
+    for (const auto& c : table_columns)
+        if (in_table(c, vpg)) s += fmt::format("{:>{}} ", c.label, c.width);
     s.pop_back();
     return s;
 }
 
-std::string table_row(const EpochLogger& log, double steps_per_s) {
+std::string table_row(const EpochLogger& log, double steps_per_s, bool vpg) {
     std::string s;
     for (const auto& c : table_columns) {
+        if (!in_table(c, vpg)) continue;
         const std::string key = c.key;
         const double v = key == "steps/s" ? steps_per_s : log.get(key);
         if (key == "Epoch" || key == "TotalEnvInteracts" || key == "steps/s")
@@ -291,208 +328,304 @@ void write_plot(const EpochLogger& log, const Config& cfg) {
 
 // ------------------------------------------------------------------- train
 
-int train(Config cfg) {
-    mpiml::setup_pytorch_for_mpi();
-    if (!cfg.profile.empty()) mpiml::profile_start(cfg.profile);
-    const int rank = mpiml::proc_id();
-    cfg.num_procs = mpiml::num_procs();
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+double seconds_since(clock::time_point t) {
+    return std::chrono::duration<double>(clock::now() - t).count();
+}
+
+double median(std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    const std::size_t h = v.size() / 2;
+    return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+/// Data-parallel PPO on this rank: rollout, update and logging of one epoch.
+class PPO {
+public:
+    explicit PPO(Config cfg);
+    /// Trains for cfg.epochs (or until --stop-at-return); returns 0.
+    int run();
+
+private:
+    void rollout();
+    void update();
+    /// Logs the epoch's rollout statistics; returns whether to stop (rank 0's decision).
+    bool log_rollout(int epoch);
+    void log_update(clock::time_point epoch_start, int64_t steps_done);
+
+    Config cfg_;
+    bool vpg_;  ///< Spinning Up's VPG instead of PPO
+    int rank_;
+    std::unique_ptr<Env> env_;
+    EpochLogger logger_;
+    ActorCritic ac_{nullptr};
+    std::optional<Nets> nets_;
+    std::optional<Adam> pi_opt_, vf_opt_;
+    // The policy's parameters and a one-element tensor whose gradient carries
+    // the KL, averaged over ranks in one call.
+    std::vector<Tensor> pi_and_kl_;
+    float* kl_slot_ = nullptr;
+    int local_steps_;
+    PPOBuffer buf_;
+    Batch batch_;
+    std::vector<float> dy_;
+    std::mt19937_64 rng_;  ///< action sampling
+
+    // The running episode.
+    std::vector<float> o_;
+    StepOut step_;
+    double ep_ret_ = 0;
+    int ep_len_ = 0;
+
+    clock::time_point start_;
+    // Seconds per epoch and phase on this rank.
+    struct Times {
+        std::vector<double> epoch, rollout, policy, value;
+        std::vector<double> update_flops;  ///< matrix products of the update
+    } times_;
+};
+
+int local_steps_of(const Config& cfg) {
     if (cfg.steps_per_epoch < cfg.num_procs)
         throw std::invalid_argument("--steps-per-epoch must be at least the number of ranks");
+    return cfg.steps_per_epoch / cfg.num_procs;
+}
 
-    EpochLogger logger(cfg.out);
-    logger.save_text("config.json", to_json(cfg));
-
-    // Each rank explores differently.
-    const std::uint64_t seed = static_cast<std::uint64_t>(cfg.seed) + 10000u * rank;
-    torch::manual_seed(seed);
+std::unique_ptr<Env> seeded_env(const Config& cfg, std::uint64_t seed) {
     auto env = make_env(cfg.env);
     env->seed(seed);
+    return env;
+}
 
-    const ActionSpace space = env->action_space();
-    const int obs_dim = env->obs_dim();
-    const int act_dim = space.discrete ? 1 : space.dim;
-    ActorCritic ac(obs_dim, space, cfg.hidden, cfg.activation);
+std::uint64_t rank_seed(const Config& cfg, int rank) {
+    return static_cast<std::uint64_t>(cfg.seed) + 10000u * rank;  // each rank explores differently
+}
+
+PPO::PPO(Config cfg)
+    : cfg_(std::move(cfg)),
+      vpg_(cfg_.algo == "vpg"),
+      rank_(mpiml::proc_id()),
+      env_(seeded_env(cfg_, rank_seed(cfg_, rank_))),
+      logger_(cfg_.out),
+      local_steps_(local_steps_of(cfg_)),
+      buf_(env_->obs_dim(), env_->action_space().discrete ? 1 : env_->action_space().dim,
+           local_steps_, cfg_.gamma, cfg_.lam),
+      rng_(rank_seed(cfg_, rank_)) {
+    logger_.save_text("config.json", to_json(cfg_));
+    torch::manual_seed(rank_seed(cfg_, rank_));
+    ac_ = ActorCritic(env_->obs_dim(), env_->action_space(), cfg_.hidden, cfg_.activation);
     {
         mpiml::Region r("sync_params");
-        mpiml::sync_params(ac);
+        mpiml::sync_params(ac_);
     }
+    nets_.emplace(ac_, cfg_.activation);
+    pi_opt_.emplace(adam_over(*ac_->pi, cfg_.pi_lr));
+    pi_and_kl_ = ac_->pi->parameters();
+    Tensor kl = torch::zeros({1}).requires_grad_(true);
+    kl.mutable_grad() = torch::zeros({1});
+    kl_slot_ = kl.mutable_grad().data_ptr<float>();
+    pi_and_kl_.push_back(kl);
+    vf_opt_.emplace(adam_over(*ac_->v, cfg_.vf_lr));
 
     int64_t n_params = 0;
-    for (const auto& p : ac->parameters()) n_params += p.numel();
-    mpiml::pprint(fmt::format("mpiml-ppo: {} on {} rank{}, {} parameters, output in {}", cfg.env,
-                              cfg.num_procs, cfg.num_procs == 1 ? "" : "s", n_params,
-                              cfg.out.empty() ? "(none)" : cfg.out));
+    for (const auto& p : ac_->parameters()) n_params += p.numel();
+    mpiml::pprint(fmt::format("mpiml-ppo: {} on {} on {} rank{}, {} parameters, output in {}",
+                              vpg_ ? "VPG" : "PPO", cfg_.env,
+                              cfg_.num_procs, cfg_.num_procs == 1 ? "" : "s", n_params,
+                              cfg_.out.empty() ? "(none)" : cfg_.out));
+}
 
-    const int local_steps = cfg.steps_per_epoch / cfg.num_procs;
-    PPOBuffer buf(obs_dim, act_dim, space.discrete, local_steps, cfg.gamma, cfg.lam);
-    torch::optim::Adam pi_opt(ac->pi->parameters(), torch::optim::AdamOptions(cfg.pi_lr));
-    torch::optim::Adam vf_opt(ac->v->parameters(), torch::optim::AdamOptions(cfg.vf_lr));
+void PPO::rollout() {
+    mpiml::Region region("rollout");
+    for (int t = 0; t < local_steps_; ++t) {
+        act(*nets_, o_.data(), rng_, false, step_);
+        const StepResult r = env_->step(step_.action);
+        ep_ret_ += r.reward;
+        ++ep_len_;
+        buf_.store(o_, step_.action, r.reward, step_.v, step_.logp);
+        o_ = r.obs;
 
-    auto compute_loss_pi = [&](const PPOBuffer::Batch& b, double& kl, double& ent, double& cf) {
-        const auto d = ac->pi->distribution(b.obs);
-        const Tensor logp = ac->pi->log_prob(d, b.act);
-        const Tensor ratio = torch::exp(logp - b.logp);
-        const Tensor clip_adv =
-            torch::clamp(ratio, 1 - cfg.clip_ratio, 1 + cfg.clip_ratio) * b.adv;
-        const Tensor loss = -torch::min(ratio * b.adv, clip_adv).mean();
-        torch::NoGradGuard no_grad;
-        kl = (b.logp - logp).mean().item<double>();
-        ent = ac->pi->entropy(d).item<double>();
-        cf = ((ratio > 1 + cfg.clip_ratio) | (ratio < 1 - cfg.clip_ratio))
-                 .to(torch::kFloat)
-                 .mean()
-                 .item<double>();
-        return loss;
-    };
-    auto compute_loss_v = [&](const PPOBuffer::Batch& b) {
-        return (ac->v->forward(b.obs) - b.ret).pow(2).mean();
-    };
-
-    auto update = [&] {
-        mpiml::Region update_region("update");
-        const auto b = [&] {
-            mpiml::Region r("advantage");  // normalization, pooled over ranks
-            return buf.get();
-        }();
-        double kl_old, ent_old, cf_old;
-        double pi_l_old, v_l_old;
-        {
-            torch::NoGradGuard no_grad;
-            pi_l_old = compute_loss_pi(b, kl_old, ent_old, cf_old).item<double>();
-            v_l_old = compute_loss_v(b).item<double>();
+        const bool timeout = ep_len_ == cfg_.max_ep_len || r.truncated;
+        const bool terminal = r.terminated || timeout;
+        const bool epoch_ended = t == local_steps_ - 1;
+        if (terminal || epoch_ended) {
+            // Bootstrap from V(s) unless the episode really ended.
+            const double last_val = r.terminated ? 0.0 : nets_->v.forward(o_.data(), 1)[0];
+            mpiml::Region gae("advantage");
+            buf_.finish_path(last_val);
+            if (terminal) {
+                logger_.store("EpRet", ep_ret_);
+                logger_.store("EpLen", ep_len_);
+            }
+            o_ = env_->reset();
+            ep_ret_ = 0;
+            ep_len_ = 0;
         }
-        double kl = 0, ent = 0, cf = 0;
-        Tensor loss_pi;
-        int i = 0;
-        std::optional<mpiml::Region> phase(std::in_place, "policy_update");
-        for (i = 0; i < cfg.train_pi_iters; ++i) {
-            pi_opt.zero_grad();
-            loss_pi = compute_loss_pi(b, kl, ent, cf);
-            // Averaged over ranks, so every rank takes the same decision.
-            const double kl_avg = mpiml::mpi_avg(torch::tensor(kl, torch::kDouble)).item<double>();
-            if (kl_avg > 1.5 * cfg.target_kl) break;
-            loss_pi.backward();
-            mpiml::mpi_avg_grads(ac->pi);
-            pi_opt.step();
-        }
-        if (i == cfg.train_pi_iters) i = std::max(0, cfg.train_pi_iters - 1);
-        logger.store("StopIter", i);
-        phase.emplace("value_update");
-        Tensor loss_v;
-        for (int j = 0; j < cfg.train_v_iters; ++j) {
-            vf_opt.zero_grad();
-            loss_v = compute_loss_v(b);
-            loss_v.backward();
-            mpiml::mpi_avg_grads(ac->v);
-            vf_opt.step();
-        }
-        phase.reset();
-        logger.store("LossPi", pi_l_old);
-        logger.store("LossV", v_l_old);
-        logger.store("KL", kl);
-        logger.store("Entropy", ent_old);
-        logger.store("ClipFrac", cf);
-        logger.store("DeltaLossPi", loss_pi.defined() ? loss_pi.item<double>() - pi_l_old : 0.0);
-        logger.store("DeltaLossV", loss_v.defined() ? loss_v.item<double>() - v_l_old : 0.0);
-    };
+    }
+    logger_.store("VVals", buf_.values());
+}
 
-    using clock = std::chrono::steady_clock;
-    const auto start = clock::now();
-    auto o = env->reset();
-    double ep_ret = 0;
-    int ep_len = 0;
-    mpiml::pprint(table_header());
-    double rollout_s = 0, update_s = 0;
+void PPO::update() {
+    mpiml::Region update_region("update");
+    {
+        mpiml::Region r("advantage");  // normalization, pooled over ranks
+        buf_.get(batch_);
+    }
+    Nets& nets = *nets_;
+    const Batch& b = batch_;
+    const auto t_pi = clock::now();
+    std::optional<mpiml::Region> phase(std::in_place, "policy_update");
+    const float* y = nets.pi.forward(b.obs.data(), b.n);
+    const PiInfo old = vpg_ ? loss_pi_vpg(y, b, policy_of(nets), dy_)
+                            : loss_pi(y, b, policy_of(nets), cfg_.clip_ratio, dy_);
+    PiInfo info;
+    int i = 0;
+    if (vpg_) {  // one step of gradient descent on -mean(logp adv), from the same forward
+        info = old;
+        nets.pi.backward(dy_.data());
+        mpiml::mpi_avg_grads(ac_->pi);
+        pi_opt_->step();
+        i = 1;
+    }
+    for (; !vpg_ && i < cfg_.train_pi_iters; ++i) {
+        info = loss_pi(nets.pi.forward(b.obs.data(), b.n), b, policy_of(nets), cfg_.clip_ratio, dy_);
+        // The gradient before the decision, so that one allreduce averages it
+        // and the KL over ranks (every rank takes the same decision); it is
+        // used only if the step is taken.
+        nets.pi.backward(dy_.data());
+        *kl_slot_ = static_cast<float>(info.kl);
+        mpiml::mpi_avg_grads(pi_and_kl_);
+        if (*kl_slot_ > 1.5 * cfg_.target_kl) break;
+        pi_opt_->step();
+    }
+    // Forward and backward passes: the old loss (forward only) and each iteration's.
+    const int pi_passes = vpg_ ? 1 : std::min(i + 1, cfg_.train_pi_iters);
+    double flops = (pi_passes + (vpg_ ? 0 : 1)) * nets.pi.forward_flops(b.n) +
+                   pi_passes * nets.pi.backward_flops(b.n);
+    flops += (cfg_.train_v_iters + 1) * nets.v.forward_flops(b.n) +
+             cfg_.train_v_iters * nets.v.backward_flops(b.n);
+    times_.update_flops.push_back(flops);
+    if (i == cfg_.train_pi_iters) i = std::max(0, cfg_.train_pi_iters - 1);
+    times_.policy.push_back(seconds_since(t_pi));
+
+    const auto t_v = clock::now();
+    phase.emplace("value_update");
+    const double v_l_old = loss_v(nets.v.forward(b.obs.data(), b.n), b, dy_);
+    double v_l = v_l_old;
+    for (int j = 0; j < cfg_.train_v_iters; ++j) {
+        v_l = loss_v(nets.v.forward(b.obs.data(), b.n), b, dy_);
+        nets.v.backward(dy_.data());
+        mpiml::mpi_avg_grads(ac_->v);
+        vf_opt_->step();
+    }
+    phase.reset();
+    times_.value.push_back(seconds_since(t_v));
+
+    if (!vpg_) logger_.store("StopIter", i);
+    logger_.store("LossPi", old.loss);
+    logger_.store("LossV", v_l_old);
+    logger_.store("KL", info.kl);
+    logger_.store("Entropy", old.ent);
+    if (!vpg_) logger_.store("ClipFrac", info.cf);
+    logger_.store("DeltaLossPi", info.loss - old.loss);
+    logger_.store("DeltaLossV", cfg_.train_v_iters > 0 ? v_l - v_l_old : 0.0);
+}
+
+bool PPO::log_rollout(int epoch) {
+    mpiml::Region r("logging");
+    logger_.log_tabular("Epoch", static_cast<int64_t>(epoch));
+    logger_.log_tabular_stats("EpRet", true);
+    logger_.log_tabular_stats("EpLen", false, true);
+    logger_.log_tabular_stats("VVals", true);
+    const int64_t steps_done = static_cast<int64_t>(local_steps_) * cfg_.num_procs;
+    logger_.log_tabular("TotalEnvInteracts", steps_done * (epoch + 1));
+
+    // The same decision on every rank: rank 0's.
+    int stop = cfg_.stop_at_return && logger_.get("AverageEpRet") >= *cfg_.stop_at_return;
+    mpiml::broadcast(stop);
+    const bool last = stop || epoch == cfg_.epochs - 1;
+    // Like Spinning Up, save the policy that collected this epoch's data.
+    if (rank_ == 0 && !cfg_.out.empty() && (epoch % cfg_.save_freq == 0 || last)) {
+        mpiml::Region save("save_policy");
+        save_policy(ac_, cfg_.out);
+    }
+    return stop;
+}
+
+void PPO::log_update(clock::time_point epoch_start, int64_t steps_done) {
+    mpiml::Region r("logging");
+    for (const char* key : {"LossPi", "LossV", "DeltaLossPi", "DeltaLossV", "Entropy", "KL"})
+        logger_.log_tabular_stats(key, false, true);
+    if (!vpg_)
+        for (const char* key : {"ClipFrac", "StopIter"}) logger_.log_tabular_stats(key, false, true);
+    logger_.log_tabular("Time", seconds_since(start_));
+    mpiml::pprint(table_row(logger_, static_cast<double>(steps_done) / seconds_since(epoch_start),
+                            vpg_));
+    logger_.dump_tabular();
+}
+
+int PPO::run() {
+    start_ = clock::now();
+    o_ = env_->reset();
+    mpiml::pprint(table_header(vpg_));
     int64_t total_steps = 0;
-    for (int epoch = 0; epoch < cfg.epochs; ++epoch) {
+    const int64_t steps_done = static_cast<int64_t>(local_steps_) * cfg_.num_procs;
+    for (int epoch = 0; epoch < cfg_.epochs; ++epoch) {
         mpiml::Region epoch_region("epoch");
         const auto epoch_start = clock::now();
-        std::optional<mpiml::Region> phase(std::in_place, "rollout");
-        for (int t = 0; t < local_steps; ++t) {
-            const StepOut s = act(ac, o);
-            const StepResult r = env->step(s.action);
-            ep_ret += r.reward;
-            ++ep_len;
-            buf.store(o, s.action, r.reward, s.v, s.logp);
-            logger.store("VVals", s.v);
-            o = r.obs;
-
-            const bool timeout = ep_len == cfg.max_ep_len || r.truncated;
-            const bool terminal = r.terminated || timeout;
-            const bool epoch_ended = t == local_steps - 1;
-            if (terminal || epoch_ended) {
-                // Bootstrap from V(s) unless the episode really ended.
-                const double last_val = r.terminated ? 0.0 : value(ac, o);
-                mpiml::Region gae("advantage");
-                buf.finish_path(last_val);
-                if (terminal) {
-                    logger.store("EpRet", ep_ret);
-                    logger.store("EpLen", ep_len);
-                }
-                o = env->reset();
-                ep_ret = 0;
-                ep_len = 0;
-            }
-        }
-
-        phase.emplace("logging");
-        logger.log_tabular("Epoch", static_cast<int64_t>(epoch));
-        logger.log_tabular_stats("EpRet", true);
-        logger.log_tabular_stats("EpLen", false, true);
-        logger.log_tabular_stats("VVals", true);
-        const int64_t steps_done = static_cast<int64_t>(local_steps) * cfg.num_procs;
-        logger.log_tabular("TotalEnvInteracts", steps_done * (epoch + 1));
-
-        // The same decision on every rank: rank 0's.
-        int stop = cfg.stop_at_return && logger.get("AverageEpRet") >= *cfg.stop_at_return;
-        mpiml::broadcast(stop);
-        const bool last = stop || epoch == cfg.epochs - 1;
-        // Like Spinning Up, save the policy that collected this epoch's data.
-        if (rank == 0 && !cfg.out.empty() && (epoch % cfg.save_freq == 0 || last)) {
-            mpiml::Region r("save_policy");
-            save_policy(ac, cfg.out);
-        }
-        phase.reset();
-
-        const auto update_start = clock::now();
-        rollout_s += std::chrono::duration<double>(update_start - epoch_start).count();
+        rollout();
+        times_.rollout.push_back(seconds_since(epoch_start));
+        const bool stop = log_rollout(epoch);
         update();
-        update_s += std::chrono::duration<double>(clock::now() - update_start).count();
         total_steps += steps_done;
-
-        phase.emplace("logging");
-        logger.log_tabular_stats("LossPi", false, true);
-        logger.log_tabular_stats("LossV", false, true);
-        logger.log_tabular_stats("DeltaLossPi", false, true);
-        logger.log_tabular_stats("DeltaLossV", false, true);
-        logger.log_tabular_stats("Entropy", false, true);
-        logger.log_tabular_stats("KL", false, true);
-        logger.log_tabular_stats("ClipFrac", false, true);
-        logger.log_tabular_stats("StopIter", false, true);
-        const auto now = clock::now();
-        logger.log_tabular("Time", std::chrono::duration<double>(now - start).count());
-        const double epoch_s = std::chrono::duration<double>(now - epoch_start).count();
-        mpiml::pprint(table_row(logger, static_cast<double>(steps_done) / epoch_s));
-        logger.dump_tabular();
+        log_update(epoch_start, steps_done);
+        times_.epoch.push_back(seconds_since(epoch_start));
         if (stop) {
             mpiml::pprint(fmt::format("Reached AverageEpRet >= {} in epoch {}; stopping.",
-                                      *cfg.stop_at_return, epoch));
+                                      *cfg_.stop_at_return, epoch));
             break;
         }
     }
-    const double wall = std::chrono::duration<double>(clock::now() - start).count();
+    const double wall = seconds_since(start_);
+    double rollout_s = 0, update_s = 0;
+    for (double s : times_.rollout) rollout_s += s;
+    for (std::size_t k = 0; k < times_.policy.size(); ++k)
+        update_s += times_.policy[k] + times_.value[k];
     mpiml::pprint(fmt::format(
         "{} env steps in {:.1f} s: {:.0f} steps/s; rank 0 spent {:.1f} s collecting "
         "({:.0f} steps/s over all ranks) and {:.1f} s updating",
         total_steps, wall, total_steps / wall, rollout_s, total_steps / rollout_s, update_s));
+    if (times_.epoch.size() > 1) {  // medians without the first epoch
+        auto tail = [](const std::vector<double>& v) {
+            return median(std::vector<double>(v.begin() + 1, v.end()));
+        };
+        mpiml::pprint(fmt::format(
+            "median epoch (first dropped) on rank 0: {:.4f} s: rollout {:.4f} s, policy update "
+            "{:.4f} s, value update {:.4f} s; update arithmetic {:.3f} GFLOP",
+            tail(times_.epoch), tail(times_.rollout), tail(times_.policy), tail(times_.value),
+            tail(times_.update_flops) * 1e-9));
+    }
     mpiml::profile_stop();  // collective; does nothing when not profiling
-    if (rank == 0 && !cfg.out.empty()) {
-        write_plot(logger, cfg);
+    if (rank_ == 0 && !cfg_.out.empty()) {
+        write_plot(logger_, cfg_);
         mpiml::pprint(fmt::format("Wrote {}/{{progress.txt, config.json, policy.pt, "
                                   "learning_curve.svg}}",
-                                  cfg.out));
+                                  cfg_.out));
     }
     return 0;
+}
+
+}  // namespace
+
+int train(Config cfg) {
+    mpiml::setup_pytorch_for_mpi();
+    if (!cfg.profile.empty()) mpiml::profile_start(cfg.profile);
+    cfg.num_procs = mpiml::num_procs();
+    return PPO(std::move(cfg)).run();
 }
 
 // -------------------------------------------------------------------- test
@@ -510,7 +643,9 @@ int test_policy(const TestOptions& opts) {
     env->seed(opts.seed);
     ActorCritic ac(env->obs_dim(), env->action_space(), cfg.hidden, cfg.activation);
     torch::load(ac, (dir / "policy.pt").string());
-    ac->eval();
+    Nets nets(ac, cfg.activation);  // after load: it replaces the parameters' storage
+    std::mt19937_64 rng(static_cast<std::uint64_t>(opts.seed));
+    StepOut step;
 
     fmt::print("Testing the policy in {} on {} for {} episodes ({} actions)\n", opts.dir,
                cfg.env, opts.episodes, opts.deterministic ? "deterministic" : "sampled");
@@ -521,7 +656,8 @@ int test_policy(const TestOptions& opts) {
         double ret = 0;
         int len = 0;
         for (;;) {
-            const auto r = env->step(act(ac, o, opts.deterministic).action);
+            act(nets, o.data(), rng, opts.deterministic, step);
+            const auto r = env->step(step.action);
             ret += r.reward;
             ++len;
             o = r.obs;

@@ -7,7 +7,8 @@
 namespace mpiml {
 
 /// Re-launches the running program (/proc/self/exe, its argv byte for byte)
-/// under mpirun with n ranks, IN_MPI=1, OMP_NUM_THREADS=1, MKL_NUM_THREADS=1.
+/// under mpirun with n ranks, IN_MPI=1, OMP_NUM_THREADS=1, MKL_NUM_THREADS=1 and
+/// OPENBLAS/GOTO/BLIS_NUM_THREADS=1.
 /// In the parent it does not return: the process exits with the launcher's
 /// exit status. Returns at once when n <= 1 or IN_MPI is set (in the children).
 ///

@@ -24,7 +24,8 @@ namespace mpiml {
 /// this node that share them). Unbound ranks: cores / ranks on this node; ranks
 /// a launcher bound to disjoint cores keep the cores they were given. Collective
 /// over the default communicator; leaves the thread count alone when it is
-/// already 1.
+/// already 1. Sets the same count in OpenBLAS or BLIS when libblas.so.3 is one
+/// of them (their own thread pools ignore LibTorch's setting).
 void setup_pytorch_for_mpi();
 
 /// Makes every rank's parameters and buffers equal to root's: one broadcast per

@@ -136,6 +136,127 @@ TEST(Pendulum, TruncatesAt200Steps) {
     }
 }
 
+// Acrobot-v1 and MountainCarContinuous-v0: expected values are Gym's step()
+// (its equations in numpy, float64) from the same states.
+
+namespace {
+void expect_acrobot(Acrobot& env, const double (&want)[4]) {
+    for (int i = 0; i < 4; ++i) EXPECT_NEAR(env.state()[i], want[i], 1e-12) << "state " << i;
+}
+}  // namespace
+
+TEST(Acrobot, OneStepMatchesGymRk4ForEachTorque) {
+    const double want[3][4] = {
+        {0.07554717015953656, -0.0945375159211389, 0.14812655958803767, -0.42998597715981185},
+        {0.06229716776017948, -0.060277457483501294, 0.019654948489197577, -0.0958665640656959},
+        {0.04903870635826079, -0.02600004511990665, -0.10899607843931322, 0.2386115189039908}};
+    for (int a = 0; a < 3; ++a) {
+        Acrobot env;
+        env.reset();
+        env.set_state(0.05, -0.03, 0.1, -0.2);
+        const auto r = env.step({static_cast<float>(a)});
+        expect_acrobot(env, want[a]);
+        EXPECT_EQ(r.reward, -1.0);
+        EXPECT_FALSE(r.terminated);
+        ASSERT_EQ(r.obs.size(), 6u);
+        EXPECT_FLOAT_EQ(r.obs[0], static_cast<float>(std::cos(want[a][0])));
+        EXPECT_FLOAT_EQ(r.obs[3], static_cast<float>(std::sin(want[a][1])));
+        EXPECT_FLOAT_EQ(r.obs[5], static_cast<float>(want[a][3]));
+    }
+}
+
+TEST(Acrobot, FiftyStepsMatchGym) {
+    Acrobot env;
+    env.reset();
+    env.set_state(0.05, -0.03, 0.1, -0.2);
+    for (int i = 0; i < 50; ++i) env.step({(i / 10) % 2 == 0 ? 2.0f : 0.0f});
+    expect_acrobot(env, {0.10019885349756019, 0.7646842394123019, -0.31757912324692916,
+                         -1.4225331366301965});
+}
+
+TEST(Acrobot, WrapsAnglesAndTerminatesAboveTheLine) {
+    Acrobot env;
+    env.reset();
+    env.set_state(3.1, 3.1, 12.5, 28.0);
+    auto r = env.step({2.0f});
+    expect_acrobot(env, {2.8871929559629104, 0.1458109968868282, 10.292316627071989,
+                         18.38963025382496});
+    EXPECT_TRUE(r.terminated);
+    EXPECT_EQ(r.reward, 0.0);
+    env.set_state(3.0, 0.0, 0.0, 0.0);
+    r = env.step({1.0f});
+    expect_acrobot(env, {2.982057837208604, 0.014002670518313741, -0.1834372653956761,
+                         0.14511760679397961});
+    EXPECT_TRUE(r.terminated);
+}
+
+TEST(Acrobot, ResetInPlusMinus01AndTruncatesAt500) {
+    Acrobot env;
+    env.seed(3);
+    env.reset();
+    for (int i = 0; i < 4; ++i) EXPECT_LE(std::fabs(env.state()[i]), 0.1);
+    StepResult r;
+    int steps = 0;
+    do {
+        env.set_state(0.0, 0.0, 0.0, 0.0);  // hangs down: never terminates
+        r = env.step({1.0f});
+        ++steps;
+    } while (!r.truncated && !r.terminated && steps < 1000);
+    EXPECT_TRUE(r.truncated);
+    EXPECT_EQ(steps, 500);
+    EXPECT_THROW(env.step({3.0f}), std::invalid_argument);
+}
+
+TEST(MountainCarContinuous, StepsMatchGym) {
+    struct Case {
+        double pos, vel, action, want_pos, want_vel, reward;
+        bool terminated;
+    };
+    const Case cases[] = {
+        {-0.5, 0.0, 1.0, -0.4986768364906311, 0.0013231569901108742, -0.1, false},
+        {-1.19, -0.05, -1.0, -1.2000000476837158, 0.0, -0.1, false},  // left wall stops it
+        {0.44, 0.02, 0.5, 0.4601295590400696, 0.02012956142425537, 99.975, true},
+        {-0.3, 0.01, 2.0, -0.2900540232658386, 0.009945974685251713, -0.4, false},  // clipped force, unclipped cost
+    };
+    for (const auto& c : cases) {
+        MountainCarContinuous env;
+        env.reset();
+        env.set_state(c.pos, c.vel);
+        const auto r = env.step({static_cast<float>(c.action)});
+        EXPECT_EQ(r.obs[0], static_cast<float>(c.want_pos)) << c.pos;
+        EXPECT_EQ(r.obs[1], static_cast<float>(c.want_vel)) << c.pos;
+        EXPECT_NEAR(r.reward, c.reward, 1e-12) << c.pos;
+        EXPECT_EQ(r.terminated, c.terminated) << c.pos;
+    }
+}
+
+TEST(MountainCarContinuous, HundredStepsMatchGym) {
+    MountainCarContinuous env;
+    env.reset();
+    env.set_state(-0.5, 0.0);
+    StepResult r;
+    for (int i = 0; i < 100; ++i) r = env.step({(i / 20) % 2 == 0 ? 1.0f : -1.0f});
+    EXPECT_EQ(r.obs[0], -0.3195765018463135f);
+    EXPECT_EQ(r.obs[1], 0.009499246254563332f);
+}
+
+TEST(MountainCarContinuous, ResetAndTruncatesAt999) {
+    MountainCarContinuous env;
+    env.seed(5);
+    const auto o = env.reset();
+    EXPECT_GE(o[0], -0.6f);
+    EXPECT_LE(o[0], -0.4f);
+    EXPECT_EQ(o[1], 0.0f);
+    StepResult r;
+    int steps = 0;
+    do {
+        r = env.step({0.0f});
+        ++steps;
+    } while (!r.truncated && !r.terminated && steps < 2000);
+    EXPECT_TRUE(r.truncated);
+    EXPECT_EQ(steps, 999);
+}
+
 TEST(Envs, FactoryAndSpaces) {
     auto c = make_env("CartPole-v1");
     EXPECT_EQ(c->obs_dim(), 4);
@@ -145,6 +266,13 @@ TEST(Envs, FactoryAndSpaces) {
     EXPECT_EQ(p->obs_dim(), 3);
     EXPECT_FALSE(p->action_space().discrete);
     EXPECT_EQ(p->action_space().dim, 1);
+    auto ac = make_env("Acrobot-v1");
+    EXPECT_EQ(ac->obs_dim(), 6);
+    EXPECT_EQ(ac->action_space().n, 3);
+    auto mc = make_env("MountainCarContinuous-v0");
+    EXPECT_EQ(mc->obs_dim(), 2);
+    EXPECT_FALSE(mc->action_space().discrete);
+    EXPECT_EQ(mc->action_space().dim, 1);
     EXPECT_THROW(make_env("MountainCar-v0"), std::invalid_argument);
 }
 
