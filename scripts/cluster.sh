@@ -3,7 +3,8 @@
 #
 #   scripts/cluster.sh up [K]             K hosts (default 2): h1..hK
 #   scripts/cluster.sh run [mpirun args]  mpirun on h1 (Open MPI; MPIML_CLUSTER_MPI=mpich: Hydra)
-#   scripts/cluster.sh exec HOST CMD...   a command on one host
+#   scripts/cluster.sh exec HOST CMD...   a command on one host (launcher settings and
+#                                         MPIML_HOSTFILE set: mpi_fork spans the hosts)
 #   scripts/cluster.sh link HOST up|down  cut or restore a host's link
 #   scripts/cluster.sh shape "NETEM ARGS" shape every host's link (tc netem), "" to clear
 #   scripts/cluster.sh ps                 processes running on each host
@@ -132,6 +133,9 @@ host=\${host%%.*}
 exec nsenter -t \$(cat "$dir/holder.pid") -m -- nsenter --net=/run/netns/$prefix\$host --uts="$dir/ns/\$host.uts" --mount="$dir/ns/\$host.mnt" -- sh -c "\$*"
 EOF
   chmod +x "$dir/agent"
+  # An mpirun for the cluster, for tools that take a launcher path.
+  printf '#!/bin/sh\nexec "%s" run "$@"\n' "$(cd "$(dirname "$0")" && pwd)/$(basename "$0")" > "$dir/mpirun"
+  chmod +x "$dir/mpirun"
   trap - ERR
   echo "cluster: up, $k hosts ($(hosts | xargs)) on $net.0/24; hostfile $dir/hostfile, agent $dir/agent"
 }
@@ -143,6 +147,9 @@ ompi_env() {
   export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp
   export OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0
   export OMPI_MCA_orte_default_hostfile=$dir/hostfile
+  # Daemons notice a dead or unreachable peer within seconds (default: 300 s of
+  # idle time first), so that a cut link ends the job on every host.
+  export OMPI_MCA_oob_tcp_keepalive_time=2 OMPI_MCA_oob_tcp_keepalive_intvl=1 OMPI_MCA_oob_tcp_keepalive_probes=3
   export OMPI_MCA_rmaps_base_oversubscribe=1
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   export MPIML_HOSTFILE=$dir/hostfile
@@ -183,7 +190,7 @@ case ${1:-} in
   up) shift; cmd_up "$@" ;;
   down) cmd_down ;;
   run) shift; cmd_run "$@" ;;
-  exec) shift; [ $# -ge 2 ] || die "exec HOST CMD..."; enter "$@" ;;
+  exec) shift; [ $# -ge 2 ] || die "exec HOST CMD..."; ompi_env; enter "$@" ;;
   link) [ $# -eq 3 ] || die "link HOST up|down"; ip -n "$prefix$2" link set eth0 "$3" ;;
   shape) shift; cmd_shape "${1:-}" ;;
   ps) cmd_ps ;;
