@@ -271,6 +271,12 @@ LaunchPlan plan_fork(int n, bool bind_to_core) {
             a.insert(a.end(), {"-np", std::to_string(n)});
             break;
     }
+    // MPIML_HOSTFILE: ranks go to the hosts it lists (Open MPI --hostfile, MPICH -f).
+    if (const char* hf = std::getenv("MPIML_HOSTFILE"); hf && *hf) {
+        if (::access(hf, R_OK) != 0)
+            fail(call_name, std::string("MPIML_HOSTFILE='") + hf + "' is not a readable file");
+        a.insert(a.end(), {plan.kind == LauncherKind::mpich ? "-f" : "--hostfile", hf});
+    }
     for (auto& w : split_words(std::getenv("MPIML_MPIRUN_FLAGS"))) a.push_back(w);
     a.push_back(own_exe());
     const auto args = own_argv();

@@ -119,6 +119,7 @@ struct Clock {
     double measured = 0;     // ping-pong estimate, ns
     std::int64_t rtt = 0;    // round trip of the best sample, ns
     bool same_host = true;
+    std::string host;        // MPI_Get_processor_name, for the lane names
 };
 
 struct Profiler {
@@ -221,6 +222,8 @@ Clock sync_clocks(MPI_Comm comm, const char* call) {
     std::memcpy(host0, host, sizeof host);
     check_mpi(MPI_Bcast(host0, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, 0, comm), call);
     c.same_host = std::strcmp(host, host0) == 0;
+    for (const char* h = host; *h; ++h)  // kept JSON-safe
+        c.host += (*h == '"' || *h == '\\' || static_cast<unsigned char>(*h) < 0x20) ? '_' : *h;
     const bool force = profile_clock_measure();
     if (rank == 0) {
         for (int r = 1; r < size; ++r)
@@ -344,12 +347,14 @@ private:
 
 // The traceEvents entries of this rank (without brackets), times aligned and
 // relative to origin.
+// Lanes are named "rank R (host)".
 void events_json(Chunker& ch, int rank, int main_tid, const std::vector<ThreadEvents>& threads,
                  const ClockMap& map, std::int64_t origin) {
     std::string& out = ch.out;
     const std::string pid = std::to_string(rank);
     out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + pid +
-           ",\"tid\":0,\"args\":{\"name\":\"rank " + pid + "\"}}";
+           ",\"tid\":0,\"args\":{\"name\":\"rank " + pid + " (" + map.c1.host + ")\",\"host\":\"" +
+           map.c1.host + "\"}}";
     out += ",\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" + pid +
            ",\"tid\":0,\"args\":{\"sort_index\":" + pid + "}}";
     for (const auto& t : threads) {

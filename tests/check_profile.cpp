@@ -136,7 +136,8 @@ int main(int argc, char** argv) {
         fail("timeline.json: " + std::to_string(pids.size()) + " process lanes, expected " +
              std::to_string(ranks));
     for (int r = 0; r < ranks; ++r)
-        if (process_names[r] != "rank " + std::to_string(r))
+        if (process_names[r].rfind("rank " + std::to_string(r) + " (", 0) != 0 ||
+            process_names[r].size() < 9 || process_names[r].back() != ')')
             fail("timeline.json: lane " + std::to_string(r) + " is named '" + process_names[r] + "'");
 
     const json sj = load(dir + "/summary.json");

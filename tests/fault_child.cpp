@@ -32,6 +32,13 @@ int body(const std::string& mode, int faulty) {
     if (mode == "segv" && me) *null_ptr = 1;
     if (mode == "sigkill" && me) ::kill(::getpid(), SIGKILL);
     if (mode == "stall" && me) ::sleep(600);
+    if (mode == "loop") {  // every rank: large allreduces for 120 s (faults come from outside)
+        std::vector<double> v(1 << 20, 1.0);
+        for (int i = 0; i < 12000; ++i) {
+            mpiml::allreduce(v, mpiml::Op::max);
+            ::usleep(10000);
+        }
+    }
     if (mode == "count" ) {
         std::vector<float> v(me ? 7 : 5, 1.0f);
         mpiml::allreduce(v, mpiml::Op::sum);

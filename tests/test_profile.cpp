@@ -23,6 +23,19 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Every rank's MPI processor name (collective).
+std::vector<std::string> all_hosts() {
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    MPI_Get_processor_name(name, &len);
+    std::vector<char> all(static_cast<std::size_t>(mpiml::num_procs()) * MPI_MAX_PROCESSOR_NAME);
+    MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR,
+                  MPI_COMM_WORLD);
+    std::vector<std::string> out;
+    for (int r = 0; r < mpiml::num_procs(); ++r) out.emplace_back(all.data() + r * MPI_MAX_PROCESSOR_NAME);
+    return out;
+}
+
 // A fresh directory name, the same on every rank.
 class TempDir {
 public:
@@ -145,6 +158,9 @@ TEST(Profile, RegionWhenOffRecordsNothing) {
 
 TEST(Profile, FilesTimelineAndSummary) {
     const int rank = mpiml::proc_id(), size = mpiml::num_procs();
+    const std::vector<std::string> hosts = all_hosts();
+    const auto host = [&] { return hosts[static_cast<std::size_t>(rank)]; };
+    const auto host_of_rank_0 = [&] { return hosts[0]; };
     TempDir d;
     mpiml::profile_start(d.path());
     ASSERT_EQ(mpiml::profile_dir(), d.path());
@@ -186,7 +202,8 @@ TEST(Profile, FilesTimelineAndSummary) {
     bool named = false;
     for (const auto& e : t.at("traceEvents"))
         if (e.at("ph") == "M" && e.at("name") == "process_name")
-            named = e.at("args").at("name") == "rank " + std::to_string(rank);
+            named = e.at("args").at("name") == "rank " + std::to_string(rank) + " (" + host() + ")" &&
+                    e.at("args").at("host") == host();
     EXPECT_TRUE(named);
 
     const auto outer = slices(t, "outer");
@@ -227,8 +244,8 @@ TEST(Profile, FilesTimelineAndSummary) {
     if (rank == size - 1) EXPECT_LE(wait_us, 0.5 * step_us);
 
     const auto& clock = t.at("otherData").at("clock");
-    EXPECT_TRUE(clock.at("same_host_as_rank_0").get<bool>());
-    EXPECT_EQ(clock.at("offset_ns"), 0);
+    EXPECT_EQ(clock.at("same_host_as_rank_0").get<bool>(), host() == host_of_rank_0());
+    if (host() == host_of_rank_0()) EXPECT_EQ(clock.at("offset_ns"), 0);
 
     if (rank != 0) return;
 
@@ -239,7 +256,8 @@ TEST(Profile, FilesTimelineAndSummary) {
     for (const auto& e : tl.at("traceEvents")) {
         pids.insert(e.at("pid").get<int>());
         if (e.at("ph") == "M" && e.at("name") == "process_name") {
-            EXPECT_EQ(e.at("args").at("name"), "rank " + std::to_string(e.at("pid").get<int>()));
+            const int r = e.at("pid").get<int>();
+            EXPECT_EQ(e.at("args").at("name"), "rank " + std::to_string(r) + " (" + hosts[static_cast<std::size_t>(r)] + ")");
             EXPECT_TRUE(named_pids.insert(e.at("pid").get<int>()).second);
         }
     }

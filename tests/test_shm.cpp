@@ -187,12 +187,25 @@ T apply(Op op, T a, T b) {
     }
 }
 
-// Ranks that share a node under MPIML_NODE_SPLIT (blocks of K world ranks).
+// Ranks that share a node: blocks of K world ranks under MPIML_NODE_SPLIT,
+// else the real nodes (blocks of consecutive ranks, as mpirun places them by slot).
 int node_split() {
     const char* v = std::getenv("MPIML_NODE_SPLIT");
     const int k = v ? std::atoi(v) : 0;
-    return k > 0 ? k : size();
+    if (k > 0) return k;
+    static const int real = [] {
+        MPI_Comm node;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &node);
+        int n = 0;
+        MPI_Comm_size(node, &n);
+        MPI_Comm_free(&node);
+        return n;
+    }();
+    return real;
 }
+
+// First test: finds the node layout collectively, on every rank at once.
+TEST(ShmLayout, EqualNodes) { EXPECT_EQ(size() % node_split(), 0) << "nodes of unequal size"; }
 
 // What every rank must get at index i: node by node in rank order, then
 // across nodes in node order, exactly as the fixed order promises.

@@ -13,6 +13,8 @@ namespace mpiml {
 /// exit status. Returns at once when n <= 1 or IN_MPI is set (in the children).
 ///
 /// The launcher is $MPIML_MPIRUN if set, else mpirun or mpiexec from PATH.
+/// $MPIML_HOSTFILE, if set, is passed as the launcher's hostfile (ranks on
+/// other hosts); $MPIML_MPIRUN_FLAGS adds launcher flags.
 /// Open MPI gets --oversubscribe when n exceeds the available cores and
 /// --allow-run-as-root as root; MPICH's Hydra gets its own flags.
 /// Throws mpiml::Error if n < 0 or no launcher is found.

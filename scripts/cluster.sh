@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# A cluster of K hosts on this machine, for running mpiml across hosts over TCP.
+#
+#   scripts/cluster.sh up [K]             K hosts (default 2): h1..hK
+#   scripts/cluster.sh run [mpirun args]  mpirun on h1 (Open MPI; MPIML_CLUSTER_MPI=mpich: Hydra)
+#   scripts/cluster.sh exec HOST CMD...   a command on one host (launcher settings and
+#                                         MPIML_HOSTFILE set: mpi_fork spans the hosts)
+#   scripts/cluster.sh link HOST up|down  cut or restore a host's link
+#   scripts/cluster.sh shape "NETEM ARGS" shape every host's link (tc netem), "" to clear
+#   scripts/cluster.sh ps                 processes running on each host
+#   scripts/cluster.sh check              exit 0 if up, else print why (77: cannot run here)
+#   scripts/cluster.sh down               remove everything (also after a failed run)
+#
+# Host hI is a network namespace (eth0 = 198.18.0.I/24, RFC 2544 benchmarking
+# range, and lo) plus a UTS namespace (host name hI) and a mount namespace with
+# its own /dev/shm and an /etc/hosts naming h1..hK; the global /etc/hosts is not
+# touched. The hosts' eth0 are veth pairs to a bridge in a switch namespace,
+# so no address exists outside the namespaces and no traffic leaves them.
+# Open MPI starts its daemons on the hosts through the rsh agent
+# $MPIML_CLUSTER_DIR/agent (plm_rsh_agent); ranks on different hosts talk over
+# TCP only (btl self,vader,tcp on eth0), ranks of one host over shared memory.
+# Needs root, ip netns, nsenter and unshare.
+set -euo pipefail
+dir=${MPIML_CLUSTER_DIR:-/run/mpiml-cluster}
+prefix=mpiml-
+sw=${prefix}sw
+net=198.18.0
+
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+
+# Why this machine cannot host the cluster (empty if it can).
+why_not() {
+  [ "$(id -u)" = 0 ] || { echo "needs root (network namespaces)"; return; }
+  local t
+  for t in ip nsenter unshare; do
+    command -v "$t" > /dev/null || { echo "needs '$t'"; return; }
+  done
+  ip netns list > /dev/null 2>&1 || { echo "'ip netns' does not work here"; return; }
+  local probe=${prefix}probe$$
+  if ! ip netns add "$probe" > /dev/null 2>&1; then echo "cannot create a network namespace"; return; fi
+  ip netns del "$probe"
+  unshare --uts --mount true 2> /dev/null || echo "cannot create UTS/mount namespaces (unshare)"
+}
+
+hosts() { cat "$dir/hosts.list" 2> /dev/null; }
+nhosts() { hosts | wc -l; }
+
+enter() {  # enter HOST CMD...: run CMD in HOST's namespaces
+  local h=$1; shift
+  [ -e "$dir/ns/$h.uts" ] || die "no host '$h' (hosts: $(hosts | xargs))"
+  nsenter --net=/run/netns/$prefix$h --uts="$dir/ns/$h.uts" --mount="$dir/ns/$h.mnt" --wd="$PWD" -- "$@"
+}
+
+cmd_down() {
+  local h
+  # Processes still running on a host were started through this script: end them.
+  for h in $(hosts) $(ip netns list 2> /dev/null | awk '{print $1}' | sed -n "s/^$prefix\(h[0-9]*\)$/\1/p"); do
+    local pids
+    pids=$(ip netns pids "$prefix$h" 2> /dev/null || true)
+    [ -n "$pids" ] && kill -9 $pids 2> /dev/null || true
+  done
+  for h in $(ip netns list 2> /dev/null | awk '{print $1}' | grep "^$prefix" || true); do
+    ip netns del "$h" 2> /dev/null || true
+  done
+  if [ -d "$dir/ns" ]; then
+    local f
+    for f in "$dir"/ns/*; do [ -e "$f" ] && umount "$f" 2> /dev/null; done
+    umount "$dir/ns" 2> /dev/null || true
+  fi
+  if [ -s "$dir/holder.pid" ]; then
+    local hp; hp=$(cat "$dir/holder.pid")
+    grep -qx "sleep infinity" < <(tr '\0' ' ' < /proc/$hp/cmdline 2> /dev/null | sed 's/ $//') && kill "$hp" 2> /dev/null || true
+  fi
+  rm -rf "$dir"
+  echo "cluster: down"
+}
+
+cmd_up() {
+  local k=${1:-2}
+  [[ $k =~ ^[0-9]+$ ]] && [ "$k" -ge 1 ] && [ "$k" -le 200 ] || die "up: K must be 1..200"
+  local why; why=$(why_not)
+  if [ -n "$why" ]; then echo "cluster.sh: cannot build the cluster: $why" >&2; exit 77; fi
+  [ -e "$dir/hosts.list" ] && cmd_down > /dev/null
+  trap 'cmd_down > /dev/null 2>&1' ERR
+  mkdir -p "$dir/ns"
+  # Persistent namespaces are bind mounts, which need a private mount to live on.
+  mount --bind "$dir/ns" "$dir/ns"
+  mount --make-private "$dir/ns"
+  : > "$dir/hosts.list"
+  {
+    echo "127.0.0.1 localhost"
+    for i in $(seq 1 "$k"); do echo "$net.$i h$i"; done
+  } > "$dir/etc-hosts"
+  : > "$dir/hostfile"
+  # A process that stays in this mount namespace, where every host's namespace
+  # files are mounted: the agent enters it first when started from a host.
+  setsid sleep infinity < /dev/null > /dev/null 2>&1 &
+  echo $! > "$dir/holder.pid"
+  ip netns add "$sw"
+  ip -n "$sw" link add br0 type bridge
+  ip -n "$sw" link set br0 up
+  local i h
+  for i in $(seq 1 "$k"); do
+    h=h$i
+    ip netns add "$prefix$h"
+    ip -n "$prefix$h" link set lo up
+    ip netns exec "$prefix$h" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
+    ip link add "$prefix$h" type veth peer name "${prefix}p$i"
+    ip link set "$prefix$h" netns "$prefix$h"
+    ip link set "${prefix}p$i" netns "$sw"
+    ip -n "$prefix$h" link set "$prefix$h" name eth0
+    ip -n "$sw" link set "${prefix}p$i" name "p$i"
+    ip -n "$sw" link set "p$i" master br0 up
+    ip -n "$prefix$h" addr add "$net.$i/24" dev eth0
+    ip -n "$prefix$h" link set eth0 up
+    touch "$dir/ns/$h.uts" "$dir/ns/$h.mnt"
+    unshare --uts="$dir/ns/$h.uts" --mount="$dir/ns/$h.mnt" --propagation private \
+      sh -c "hostname $h && mount -t tmpfs -o mode=1777 shm-$h /dev/shm && mount --bind '$dir/etc-hosts' /etc/hosts"
+    echo "$h" >> "$dir/hosts.list"
+    echo "$h slots=2" >> "$dir/hostfile"
+  done
+  # The rsh agent: "agent [-opts] HOST COMMAND..." runs COMMAND on HOST through a
+  # shell, as ssh does (Open MPI and Hydra hand it one remote command line).
+  cat > "$dir/agent" << EOF
+#!/bin/sh
+while [ \$# -gt 0 ]; do case \$1 in -*) shift ;; *) break ;; esac; done
+host=\$1; shift
+case \$host in $net.*) host=h\${host##*.} ;; esac
+host=\${host%%.*}
+[ -e "$dir/ns/\$host.uts" ] || { echo "mpiml cluster agent: no host '\$host'" >&2; exit 255; }
+# From inside a host, the other hosts' namespace files are seen from the
+# holder's mount namespace (the one the cluster was built in).
+exec nsenter -t \$(cat "$dir/holder.pid") -m -- nsenter --net=/run/netns/$prefix\$host --uts="$dir/ns/\$host.uts" --mount="$dir/ns/\$host.mnt" -- sh -c "\$*"
+EOF
+  chmod +x "$dir/agent"
+  # An mpirun for the cluster, for tools that take a launcher path.
+  printf '#!/bin/sh\nexec "%s" run "$@"\n' "$(cd "$(dirname "$0")" && pwd)/$(basename "$0")" > "$dir/mpirun"
+  chmod +x "$dir/mpirun"
+  trap - ERR
+  echo "cluster: up, $k hosts ($(hosts | xargs)) on $net.0/24; hostfile $dir/hostfile, agent $dir/agent"
+}
+
+# Launcher settings, as environment so that programs that re-launch themselves
+# (mpi_fork) inherit them.
+ompi_env() {
+  export OMPI_MCA_plm_rsh_agent=$dir/agent
+  export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp
+  export OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0
+  export OMPI_MCA_orte_default_hostfile=$dir/hostfile
+  # Daemons notice a dead or unreachable peer within seconds (default: 300 s of
+  # idle time first), so that a cut link ends the job on every host.
+  export OMPI_MCA_oob_tcp_keepalive_time=2 OMPI_MCA_oob_tcp_keepalive_intvl=1 OMPI_MCA_oob_tcp_keepalive_probes=3
+  export OMPI_MCA_rmaps_base_oversubscribe=1
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export MPIML_HOSTFILE=$dir/hostfile
+}
+
+cmd_run() {
+  [ -e "$dir/hosts.list" ] || die "run: the cluster is not up (scripts/cluster.sh up)"
+  if [ "${MPIML_CLUSTER_MPI:-openmpi}" = mpich ]; then
+    export HYDRA_LAUNCHER=rsh HYDRA_LAUNCHER_EXEC=$dir/agent HYDRA_IFACE=eth0
+    export MPIML_HOSTFILE=$dir/hostfile MPIML_MPIRUN=mpiexec.mpich
+    # Hydra's host list syntax is host:n, as Open MPI's --host.
+    enter h1 mpiexec.mpich -launcher rsh -launcher-exec "$dir/agent" -iface eth0 "$@"
+  else
+    ompi_env
+    enter h1 mpirun "$@"
+  fi
+}
+
+cmd_ps() {
+  local h
+  for h in $(hosts); do
+    local pids; pids=$(ip netns pids "$prefix$h" | xargs)
+    echo "$h: ${pids:-(none)}"
+    [ -z "$pids" ] || ps -o pid=,args= -p "${pids// /,}" | sed 's/^/    /'
+  done
+}
+
+cmd_shape() {
+  local h
+  for h in $(hosts); do
+    enter "$h" tc qdisc del dev eth0 root 2> /dev/null || true
+    # shellcheck disable=SC2086
+    [ -z "${1:-}" ] || enter "$h" tc qdisc add dev eth0 root netem $1
+  done
+}
+
+case ${1:-} in
+  up) shift; cmd_up "$@" ;;
+  down) cmd_down ;;
+  run) shift; cmd_run "$@" ;;
+  exec) shift; [ $# -ge 2 ] || die "exec HOST CMD..."; ompi_env; enter "$@" ;;
+  link) [ $# -eq 3 ] || die "link HOST up|down"; ip -n "$prefix$2" link set eth0 "$3" ;;
+  shape) shift; cmd_shape "${1:-}" ;;
+  ps) cmd_ps ;;
+  check)
+    why=$(why_not)
+    if [ -n "$why" ]; then echo "cluster: cannot run here: $why"; exit 77; fi
+    [ -e "$dir/hosts.list" ] || { echo "cluster: not up"; exit 1; }
+    echo "cluster: up ($(hosts | xargs))" ;;
+  hostfile) cat "$dir/hostfile" ;;
+  *) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2 ;;
+esac

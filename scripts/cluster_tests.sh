@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Tests across hosts on scripts/cluster.sh's cluster (2 hosts, TCP between them):
+# the test binaries at 2 hosts x 2 ranks and 2 x 1, simulated nodes against
+# real ones bit for bit, faults on one host, and mpiml-ppo spanning both hosts.
+#
+#   scripts/cluster_tests.sh [build dir]     (default: build)
+#
+# Prints "cluster tests: P passed, F failed"; exits 0 if all passed, 77 with
+# the reason if this machine cannot build the cluster (needs root, ip netns),
+# 1 otherwise. The cluster is removed at the end, also on failure.
+# PPO=0 skips the PPO learning run.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+cl=$root/scripts/cluster.sh
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+why=$("$cl" check 2>&1)
+if [ $? -eq 77 ]; then echo "cluster tests: SKIPPED: $why"; exit 77; fi
+"$cl" up 2 || { echo "cluster tests: cannot bring the cluster up"; exit 1; }
+trap '"$cl" down > /dev/null 2>&1' EXIT INT TERM
+mpirun_cl=${MPIML_CLUSTER_DIR:-/run/mpiml-cluster}/mpirun
+log=$build/cluster-tests
+mkdir -p "$log"
+passed=0 failed=0
+result() {  # name rc [detail]
+  if [ "$2" -eq 0 ]; then echo "  ok    $1 ${3:-}"; passed=$((passed + 1))
+  else echo "  FAIL  $1 ${3:-} (log: $log/$1.log)"; failed=$((failed + 1)); fi
+}
+# Nothing of ours may stay on a host after a job: waits up to 10 s for it.
+hosts_empty() {
+  local t
+  for t in $(seq 20); do
+    [ -z "$(ip netns pids mpiml-h1; ip netns pids mpiml-h2)" ] && return 0
+    sleep 0.5
+  done
+  echo "left running:"; "$cl" ps
+  "$cl" down > /dev/null; "$cl" up 2 > /dev/null  # clean slate for the next case
+  return 1
+}
+secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+
+echo "-- test binaries across hosts (hierarchical path over TCP)"
+for t in test_core test_shm test_profile test_torch; do
+  [ -x "$build/tests/$t" ] || { echo "  skip  $t (not built)"; continue; }
+  for layout in h1:2,h2:2 h1:1,h2:1; do
+    np=$(tr , '\n' <<< "$layout" | awk -F: '{ n += $2 } END { print n }')
+    name=$t.${layout//[:,]/_}
+    t0=$(date +%s.%N)
+    timeout 400 "$cl" run -np "$np" --host "$layout" "$build/tests/$t" > "$log/$name.log" 2>&1
+    rc=$?
+    # every rank's gtest summary says PASSED
+    [ $rc -eq 0 ] && [ "$(grep -c 'PASSED' "$log/$name.log")" -ge "$np" ] || rc=1
+    hosts_empty >> "$log/$name.log" || rc=1
+    result "$name" $rc "($(secs "$t0") s)"
+  done
+done
+
+echo "-- simulated nodes (MPIML_NODE_SPLIT, one host) against real hosts, bit for bit"
+for layout in "2 h1:2,h2:2 4" "1 h1:1,h2:1 2"; do
+  read -r split hl np <<< "$layout"
+  name=hash.np$np
+  sim=$(MPIML_NODE_SPLIT=$split timeout 120 mpirun --oversubscribe -np "$np" "$build/tests/cluster_hash" 2>&1)
+  real=$(timeout 120 "$cl" run -np "$np" --host "$hl" "$build/tests/cluster_hash" 2>&1)
+  printf 'simulated: %s\nreal: %s\n' "$sim" "$real" > "$log/$name.log"
+  hs=$(sed -n 's/^cluster_hash: \([0-9a-f]*\) .*/\1/p' <<< "$sim")
+  hr=$(sed -n 's/^cluster_hash: \([0-9a-f]*\) nodes=2 .*/\1/p' <<< "$real")
+  [ -n "$hs" ] && [ "$hs" = "$hr" ]
+  result "$name" $? "(simulated $hs, real ${hr:-none})"
+done
+
+echo "-- faults on one host (each: non-zero exit naming the rank/host within MPIML_TIMEOUT + 10 s, nothing left)"
+export MPIML_TIMEOUT=3
+fc=$build/tests/fault_child
+# fault_case name limit regex mode faulty [action after 3 s]
+fault_case() {
+  local name=$1 limit=$2 regex=$3 mode=$4 faulty=$5 action=${6:-}
+  bash "$root/tests/run_fault_case.sh" "$mpirun_cl" "--host h1:2,h2:2" "$fc" 4 "$mode" "$faulty" \
+    "$limit" "$regex" > "$log/fault.$name.log" 2>&1 &
+  local job=$!
+  if [ -n "$action" ]; then sleep 3; eval "$action" >> "$log/fault.$name.log" 2>&1; fi
+  wait $job
+  local rc=$?
+  ip -n mpiml-h2 link set eth0 up
+  hosts_empty >> "$log/fault.$name.log" || rc=1
+  result "fault.$name" $rc "($(grep -o 'elapsed=[0-9.]*s' "$log/fault.$name.log"))"
+}
+[ -x "$fc" ] || { echo "  FAIL  fault_child not built"; failed=$((failed + 1)); }
+if [ -x "$fc" ]; then
+  fault_case rank_killed_on_h2 13 "rank 3 .* on node h2 .*(signal 9|Killed)" sigkill 3
+  fault_case h2_ranks_killed 16 "rank [23] .* on node h2 .*(signal 9|Killed)" loop -1 \
+    'kill -9 $(ip netns pids mpiml-h2 | xargs ps -o pid=,comm= -p | awk "\$2 == \"fault_child\" {print \$1}")'
+  fault_case h2_link_cut 16 "rank [0-3]/4: watchdog: .*never arrived|lost communication with a remote daemon" loop -1 \
+    'ip -n mpiml-h2 link set eth0 down'
+  fault_case rank_stalled_on_h2 13 "watchdog: .*never arrived: 3 " stall 3
+fi
+unset MPIML_TIMEOUT
+
+if [ "${PPO:-1}" = 1 ] && [ -x "$build/apps/mpiml-ppo" ]; then
+  echo "-- mpiml-ppo --cpu 4 across 2 hosts (mpi_fork with MPIML_HOSTFILE), CartPole-v1 seed 0"
+  out=$log/ppo
+  rm -rf "$out"
+  t0=$(date +%s.%N)
+  timeout 600 "$cl" exec h1 "$build/apps/mpiml-ppo" --env CartPole-v1 --cpu 4 --seed 0 --epochs 60 \
+    --stop-at-return 475 --out "$out/run" --profile "$out/prof" > "$log/ppo.log" 2>&1
+  rc=$?
+  best=$(awk -F'\t' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+    $c["AverageEpRet"] != "nan" && $c["AverageEpRet"] + 0 > b + 0 { b = $c["AverageEpRet"] } END { print b + 0 }' \
+    "$out/run/progress.txt" 2> /dev/null)
+  lanes=$(grep -o '"name":"rank [0-9]* ([^)]*)"' "$out/prof/timeline.json" 2> /dev/null | sed 's/.*(\(.*\))"/\1/' | sort | uniq -c | xargs)
+  [ $rc -eq 0 ] && awk -v b="${best:-0}" 'BEGIN { exit !(b >= 475) }' && [ "$lanes" = "2 h1 2 h2" ]
+  rc=$?
+  hosts_empty >> "$log/ppo.log" || rc=1
+  result ppo_across_hosts $rc "(best AverageEpRet ${best:-none}, ranks per host: ${lanes:-none}, $(secs "$t0") s)"
+fi
+
+echo "cluster tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
