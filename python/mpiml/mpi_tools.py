@@ -157,13 +157,6 @@ def broadcast(x, root=0, comm=None):
     _core.broadcast(x, int(root), comm)
 
 
-_PLAIN = (float, np.ndarray, list, int)
-
-
-def _is_torch(x):
-    return type(x).__module__ == "torch" and hasattr(x, "detach")
-
-
 # The seed's reductions, bound directly to the C++ functions (numpy arrays,
 # scalars, lists and tuples converted in C++; CPU tensors through _array).
 mpi_op = _core.mpi_op
