@@ -3,7 +3,6 @@ the training equivalence: n ranks on 1/n of a batch each == one process on
 the whole batch, after 20 Adam steps."""
 import copy
 
-import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
