@@ -46,6 +46,7 @@ def main():
     if not os.path.isdir(a.peer):
         a.peer = "/work/shared/peers/spinup_ppo"
     out = a.out or tempfile.mkdtemp(prefix="spinup_compare_")
+    os.makedirs(out, exist_ok=True)
     run_ppo = os.path.join(a.peer, "run_ppo.py")
     results = []
     for n in [int(x) for x in a.ranks.split(",")]:

@@ -157,39 +157,9 @@ def broadcast(x, root=0, comm=None):
     _core.broadcast(x, int(root), comm)
 
 
-_PLAIN = (float, np.ndarray, list, int)
-
-
-def _is_torch(x):
-    return type(x).__module__ == "torch" and hasattr(x, "detach")
-
-
-def mpi_op(x, op, comm=None):
-    """op over ranks of a scalar (-> numpy scalar) or array-like (-> new numpy
-    array of the same shape and dtype)."""
-    if type(x) not in _PLAIN and _is_torch(x):
-        x = _torch_array(x, "mpi_op")
-    return _core.reduce(x, op, comm)
-
-
-def mpi_sum(x, comm=None):
-    """Sum of a scalar or array-like over ranks."""
-    if type(x) not in _PLAIN and _is_torch(x):
-        x = _torch_array(x, "mpi_sum")
-    return _core.reduce(x, SUM, comm)
-
-
-def mpi_avg(x, comm=None):
-    """Average of a scalar or array-like over ranks (integers: float64)."""
-    if type(x) not in _PLAIN and _is_torch(x):
-        x = _torch_array(x, "mpi_avg")
-    return _core.avg(x, comm)
-
-
-def mpi_statistics_scalar(x, with_min_and_max=False, comm=None):
-    """(mean, std) or (mean, std, min, max) of all ranks' samples pooled
-    (population std), in one collective. Raises NoSamplesError on every rank
-    when no rank has a sample."""
-    if type(x) not in _PLAIN and _is_torch(x):
-        x = _torch_array(x, "mpi_statistics_scalar")
-    return _core.statistics(x, with_min_and_max, comm)
+# The seed's reductions, bound directly to the C++ functions (numpy arrays,
+# scalars, lists and tuples converted in C++; CPU tensors through _array).
+mpi_op = _core.mpi_op
+mpi_sum = _core.mpi_sum
+mpi_avg = _core.mpi_avg
+mpi_statistics_scalar = _core.mpi_statistics_scalar

@@ -147,6 +147,14 @@ bool is_logical(const ReduceOp& op) {
 // x as an array without a copy when it is one; anything else through numpy's conversion.
 py::array as_array(py::handle x) {
     if (PyArray_Check(x.ptr())) return py::reinterpret_borrow<py::array>(x);
+    if (!PyFloat_Check(x.ptr()) && !PyLong_Check(x.ptr()) && !PyList_Check(x.ptr()) &&
+        !PyTuple_Check(x.ptr()) && !PyArray_IsScalar(x.ptr(), Generic)) {
+        // Other objects (CPU tensors, ...): mpiml.mpi_tools._array (zero-copy for tensors).
+        static py::object* conv = new py::object(py::module_::import("mpiml.mpi_tools").attr("_array"));
+        py::object a = (*conv)(x, "mpiml");
+        if (!PyArray_Check(a.ptr())) throw py::type_error("mpiml: conversion did not give an array");
+        return py::reinterpret_borrow<py::array>(a);
+    }
     PyObject* a = PyArray_FromAny(x.ptr(), nullptr, 0, 0, 0, nullptr);
     if (!a) throw py::error_already_set();
     return py::reinterpret_steal<py::array>(a);
@@ -338,13 +346,33 @@ PYBIND11_MODULE(_core, m) {
 
     m.def("allreduce", &py_allreduce, py::arg("sendbuf"), py::arg("recvbuf"), py::arg("op"),
           py::arg("comm"));
+    // The seed's mpi_op / mpi_sum / mpi_avg / mpi_statistics_scalar, bound
+    // directly as mpiml.mpi_tools' functions (no Python layer per call).
     m.def("reduce", [](py::handle x, py::handle op, py::handle comm) {
         return py_reduce(x, op, false, comm, "mpi_op");
     });
+    m.def("mpi_op", [](py::handle x, py::handle op, py::handle comm) {
+        return py_reduce(x, op, false, comm, "mpi_op");
+    }, py::arg("x"), py::arg("op"), py::arg("comm") = py::none(),
+       "op over ranks of a scalar (-> numpy scalar) or array-like (-> new numpy array of the\n"
+       "same shape and dtype). op: 'sum', 'max', ... or an mpi4py MPI.Op.");
+    m.def("mpi_sum", [](py::handle x, py::handle comm) {
+        static py::object* sum = new py::object(py::str("sum"));  // never destroyed
+        return py_reduce(x, *sum, false, comm, "mpi_sum");
+    }, py::arg("x"), py::arg("comm") = py::none(), "Sum of a scalar or array-like over ranks.");
     m.def("avg", [](py::handle x, py::handle comm) {
         return py_reduce(x, py::none(), true, comm, "mpi_avg");
     });
+    m.def("mpi_avg", [](py::handle x, py::handle comm) {
+        return py_reduce(x, py::none(), true, comm, "mpi_avg");
+    }, py::arg("x"), py::arg("comm") = py::none(),
+       "Average of a scalar or array-like over ranks (dtype kept; integers and bool: float64).");
     m.def("statistics", &py_statistics);
+    m.def("mpi_statistics_scalar", &py_statistics, py::arg("x"),
+          py::arg("with_min_and_max") = false, py::arg("comm") = py::none(),
+          "(mean, std) or (mean, std, min, max) of all ranks' samples pooled (population\n"
+          "std), in one collective. Raises NoSamplesError on every rank when no rank has a\n"
+          "sample.");
     m.def("broadcast", &py_broadcast);
 
     m.def("set_timeout", [](double s) { ensure_initialized_py(); set_timeout(s); });

@@ -3,7 +3,6 @@ the training equivalence: n ranks on 1/n of a batch each == one process on
 the whole batch, after 20 Adam steps."""
 import copy
 
-import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
@@ -154,3 +153,18 @@ def test_training_equivalence_20_adam_steps():
         opt_ref.step()
     for p, q in zip(net.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-10)
+
+
+def test_bad_arguments_are_clear_errors_on_every_rank():
+    m = nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="rank %d/%d" % (RANK, SIZE)):
+        mp.sync_params(m, root=SIZE)
+    with pytest.raises(TypeError, match="expected tensors"):
+        mp.mpi_avg_grads([1.0, 2.0])
+    with pytest.raises(ValueError, match="torch.nn.Module or tensors"):
+        mp.mpi_avg_grads(42)
+    if hasattr(torch, "bfloat16"):  # no numpy equivalent: a clear error from mpi_tools
+        with pytest.raises(TypeError, match="bfloat16"):
+            mpiml.mpi_tools.mpi_avg(torch.ones(2, dtype=torch.bfloat16))
+    t = torch.ones(2, dtype=torch.bfloat16)  # the tensor path keeps bfloat16
+    assert mp.mpi_avg_tensor(t).dtype == torch.bfloat16
