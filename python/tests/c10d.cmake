@@ -12,3 +12,9 @@ if(TARGET _c10d)
     PASS_REGULAR_EXPRESSION "watchdog: mpiml c10d all_reduce waited [0-9.]+ s, past the timeout of 2 s"
     ENVIRONMENT "PYTHONPATH=${MPIML_PY_TEST_PATH};PYTHONDONTWRITEBYTECODE=1")
 endif()
+
+# PyTorch's own distributed suite (CPU collectives and DDP) on "mpiml".
+if(TARGET _c10d)
+  mpiml_add_pytest(NAME pytest_c10d_torch_suite FILE tests/test_c10d_torch_suite.py RANKS 2 3
+                   TIMEOUT 300 LABELS c10d ENV BACKEND=mpiml)
+endif()
