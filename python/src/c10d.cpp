@@ -15,6 +15,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -511,7 +512,22 @@ void ProcessGroupMpiml::verify(const Entry& e) {
         buf[i] = e.sig.v[i];
         buf[4 + i] = -e.sig.v[i];
     }
-    check(MPI_Allreduce(MPI_IN_PLACE, buf, 8, MPI_INT64_T, MPI_MAX, comm_), e.name);
+    // Non-blocking, polled with sleeps once it is clearly waiting: a rank that
+    // is ahead (say, its backward pass finished first) gives the CPU to the
+    // ranks still computing instead of spinning in the collective; once all
+    // have arrived, the collective itself runs with everyone present.
+    MPI_Request req = MPI_REQUEST_NULL;
+    check(MPI_Iallreduce(MPI_IN_PLACE, buf, 8, MPI_INT64_T, MPI_MAX, comm_, &req), e.name);
+    int done = 0;
+    auto nap = std::chrono::microseconds(10);
+    for (int polls = 0;; ++polls) {
+        check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), e.name);
+        if (done) break;
+        if (polls >= 200) {
+            std::this_thread::sleep_for(nap);
+            nap = std::min(nap * 2, std::chrono::microseconds(200));
+        }
+    }
     bool same = true;
     for (int i = 0; i < 4; ++i) same = same && buf[i] == -buf[4 + i];
     if (same) return;

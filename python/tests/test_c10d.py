@@ -391,3 +391,14 @@ def test_works_with_mpi4py(world):
     t = torch.ones(2)
     dist.all_reduce(t)
     assert torch.equal(t, torch.full((2,), float(n)))
+
+
+def test_complex32(world):
+    rank, n = world
+    t = value(rank, torch.complex64).to(torch.complex32)
+    dist.all_reduce(t)
+    want = local_reduce(R.SUM, [value(r, torch.complex64) for r in range(n)])
+    assert torch.equal(t.to(torch.complex64), want)
+    t = value(rank, torch.complex64).to(torch.complex32)
+    dist.broadcast(t, src=n - 1)
+    assert torch.equal(t.to(torch.complex64), value(n - 1, torch.complex64))

@@ -1,0 +1,30 @@
+# The torch.distributed backend "mpiml" (mpiml._c10d, mpiml.torch).
+if(TARGET _c10d)
+  mpiml_add_pytest(NAME pytest_c10d FILE tests/test_c10d.py RANKS 2 3 TIMEOUT 240 LABELS c10d)
+  mpiml_add_pytest(NAME pytest_c10d_ddp FILE tests/test_c10d_ddp.py RANKS 2 3 TIMEOUT 240 LABELS c10d)
+
+  # A rank that never arrives: the watchdog must end the job naming the op.
+  add_test(NAME c10d_timeout.np2
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIML_MPIEXEC_FLAGS}
+            ${Python_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/tests/c10d_timeout.py)
+  set_tests_properties(c10d_timeout.np2 PROPERTIES TIMEOUT 60
+    FIXTURES_REQUIRED mpiml_python PROCESSORS 1 LABELS "mpi;python;c10d"
+    PASS_REGULAR_EXPRESSION "watchdog: mpiml c10d all_reduce waited [0-9.]+ s, past the timeout of 2 s"
+    ENVIRONMENT "PYTHONPATH=${MPIML_PY_TEST_PATH};PYTHONDONTWRITEBYTECODE=1")
+
+  # MPI initialized (by mpi4py) below MPI_THREAD_MULTIPLE: a clear error.
+  add_test(NAME c10d_thread_level.np2
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIML_MPIEXEC_FLAGS}
+            ${Python_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/tests/c10d_thread_level.py)
+  set_tests_properties(c10d_thread_level.np2 PROPERTIES TIMEOUT 60
+    FIXTURES_REQUIRED mpiml_python PROCESSORS 1 LABELS "mpi;python;c10d"
+    PASS_REGULAR_EXPRESSION "clear error: mpiml c10d init on rank 0/2: MPI was initialized with MPI_THREAD_SERIALIZED"
+    FAIL_REGULAR_EXPRESSION "Traceback|no error"
+    ENVIRONMENT "PYTHONPATH=${MPIML_PY_TEST_PATH};PYTHONDONTWRITEBYTECODE=1;MPIML_TIMEOUT=30")
+endif()
+
+# PyTorch's own distributed suite (CPU collectives and DDP) on "mpiml".
+if(TARGET _c10d)
+  mpiml_add_pytest(NAME pytest_c10d_torch_suite FILE tests/test_c10d_torch_suite.py RANKS 2 3
+                   TIMEOUT 300 LABELS c10d ENV BACKEND=mpiml)
+endif()

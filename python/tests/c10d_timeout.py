@@ -1,0 +1,18 @@
+"""A rank that never joins a collective: the watchdog ends the job within the
+timeout given to init_process_group, naming the operation (run by ctest, which
+expects the job to fail with that message)."""
+import datetime
+import time
+
+import torch
+import torch.distributed as dist
+
+import mpiml.torch
+
+mpiml.torch.init_process_group(timeout=datetime.timedelta(seconds=2))
+t = torch.ones(8)
+dist.all_reduce(t)
+if dist.get_rank() == 1:
+    time.sleep(60)  # never arrives
+dist.all_reduce(t)
+print("not reached")
