@@ -90,7 +90,8 @@ const float* Mlp::forward(const float* x, int n) {
     for (std::size_t j = 0; j < layers_.size(); ++j) {
         const LinearRef& l = layers_[j];
         auto& y = h_[j];
-        if (y.size() < static_cast<std::size_t>(n) * l.out) y.resize(static_cast<std::size_t>(n) * l.out);
+        const std::size_t size = static_cast<std::size_t>(n) * l.out;
+        if (y.size() < size) y.resize(size);
         if (n == 1) {  // a matrix-vector product: no BLAS call overhead
             for (int o = 0; o < l.out; ++o) {
                 const float* w = l.w + static_cast<std::size_t>(o) * l.in;
