@@ -8,7 +8,7 @@ pkgs=(build-essential cmake ccache pkg-config bc
       libfmt-dev libcli11-dev nlohmann-json3-dev
       python3-dev pybind11-dev python3-pybind11 python3-numpy python3-torch
       python3-pytest python3-mpi4py
-      libopenblas0-pthread)  # switches libblas.so.3 to OpenBLAS (README: BLAS)
+      libblas-dev libopenblas0-pthread)  # cblas.h; OpenBLAS takes over libblas.so.3 (README: BLAS)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
