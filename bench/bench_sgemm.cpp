@@ -24,7 +24,8 @@ int main(int argc, char** argv) {
         for (int r = 0; r < reps; ++r)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.0f, a.data(), k,
                         w.data(), k, 0.0f, c.data(), m);
-        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps);
+        const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+        best = std::min(best, dt.count() / reps);
     }
     std::printf("%.2f\n", 2.0 * n * k * m / best * 1e-9);
     return 0;

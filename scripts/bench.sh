@@ -13,4 +13,5 @@ if [ "${1:-}" = ppo ]; then
 fi
 "$py" "$here/../bench/run.py" "$@" || exit $?
 case " $* " in *" --help "*|*" -h "*|*" --render-only "*) exit 0 ;; esac
+case " $* " in *" --no-markdown "*) exec "$py" "$here/../bench/ppo_compare.py" --no-markdown ;; esac
 exec "$py" "$here/../bench/ppo_compare.py"

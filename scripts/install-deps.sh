@@ -9,7 +9,7 @@ pkgs=(build-essential cmake ccache pkg-config bc
       python3-dev pybind11-dev python3-pybind11 python3-numpy python3-torch
       python3-pytest python3-mpi4py
       python3-scipy python3-joblib  # scipy, joblib: Spinning Up's PPO (bench/spinup_shim)
-      libopenblas0-pthread)  # switches libblas.so.3 to OpenBLAS (README: BLAS)
+      libblas-dev libopenblas0-pthread)  # cblas.h; OpenBLAS takes over libblas.so.3 (README: BLAS)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

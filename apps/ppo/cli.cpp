@@ -52,7 +52,9 @@ CLI::Validator number_in(double lo, double hi, bool lo_open, bool hi_open) {
             const bool below = lo_open ? v <= lo : v < lo;
             const bool above = hi_open ? v >= hi : v > hi;
             if (below || above) {
-                if (std::isinf(hi)) return std::string("must be ") + (lo_open ? "above " : "at least ") + shown(lo) + ", got " + s;
+                if (std::isinf(hi))
+                    return std::string("must be ") + (lo_open ? "above " : "at least ") +
+                           shown(lo) + ", got " + s;
                 return "must be in " + range + ", got " + s;
             }
             return {};
@@ -77,7 +79,8 @@ CLI::Validator existing_folder() {
         [](std::string& s) -> std::string {
             auto check = CLI::ExistingDirectory;
             std::string copy = s;
-            return check(copy).empty() ? std::string() : "must be an existing folder, got '" + s + "'";
+            if (check(copy).empty()) return {};
+            return "must be an existing folder, got '" + s + "'";
         },
         "FOLDER");
 }

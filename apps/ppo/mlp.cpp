@@ -44,13 +44,19 @@ PPO_SIMD void bias_act(float* y, const float* b, int n, int m, bool hidden, Acti
     if (hidden && act == Activation::tanh) tanh_inplace(y, static_cast<std::size_t>(n) * m);
 }
 
-/// dz = dh * act'(h), with h the activation's output.
-PPO_SIMD void act_backward(const float* dh, const float* h, float* dz, std::size_t n,
-                           Activation act) {
-    if (act == Activation::tanh)
-        for (std::size_t i = 0; i < n; ++i) dz[i] = dh[i] * (1.0f - h[i] * h[i]);
-    else
-        for (std::size_t i = 0; i < n; ++i) dz[i] = h[i] > 0.0f ? dh[i] : 0.0f;
+/// dz = dh * act'(h) for n rows of m, with h the activation's output, and
+/// gb = the column sums of dz (the bias gradient), in one pass.
+PPO_SIMD void act_backward(const float* dh, const float* h, float* dz, int n, int m,
+                           Activation act, float* gb) {
+    std::fill(gb, gb + m, 0.0f);
+    for (int r = 0; r < n; ++r) {
+        const std::size_t o = static_cast<std::size_t>(r) * m;
+        if (act == Activation::tanh)
+            for (int c = 0; c < m; ++c) dz[o + c] = dh[o + c] * (1.0f - h[o + c] * h[o + c]);
+        else
+            for (int c = 0; c < m; ++c) dz[o + c] = h[o + c] > 0.0f ? dh[o + c] : 0.0f;
+        for (int c = 0; c < m; ++c) gb[c] += dz[o + c];
+    }
 }
 
 /// gb[c] = sum over rows of dz[:, c].
@@ -90,7 +96,8 @@ const float* Mlp::forward(const float* x, int n) {
     for (std::size_t j = 0; j < layers_.size(); ++j) {
         const LinearRef& l = layers_[j];
         auto& y = h_[j];
-        if (y.size() < static_cast<std::size_t>(n) * l.out) y.resize(static_cast<std::size_t>(n) * l.out);
+        const std::size_t size = static_cast<std::size_t>(n) * l.out;
+        if (y.size() < size) y.resize(size);
         if (n == 1) {  // a matrix-vector product: no BLAS call overhead
             for (int o = 0; o < l.out; ++o) {
                 const float* w = l.w + static_cast<std::size_t>(o) * l.in;
@@ -116,18 +123,19 @@ void Mlp::backward(const float* dy) {
     if (dz_.size() < cap) dz_.resize(cap), dh_.resize(cap);
 
     const float* dz = dy;  // dLoss/d(pre-activation output) of layer j
+    column_sums(dy, n, layers_.back().out, layers_.back().grad_b);
     for (std::size_t j = layers_.size(); j-- > 0;) {
         const LinearRef& l = layers_[j];
         const float* in = j == 0 ? x_ : h_[j - 1].data();
         // grad_w [out, in] = dz^T [out, n] * in [n, in]
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, l.out, l.in, n, 1.0f, dz, l.out, in,
                     l.in, 0.0f, l.grad_w, l.in);
-        column_sums(dz, n, l.out, l.grad_b);
         if (j == 0) break;
-        // dh [n, in] = dz [n, out] * W [out, in], then through the activation.
+        // dh [n, in] = dz [n, out] * W [out, in], then through the activation
+        // (with the bias gradient of layer j - 1).
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, l.in, l.out, 1.0f, dz, l.out,
                     l.w, l.in, 0.0f, dh_.data(), l.in);
-        act_backward(dh_.data(), in, dz_.data(), static_cast<std::size_t>(n) * l.in, act_);
+        act_backward(dh_.data(), in, dz_.data(), n, l.in, act_, layers_[j - 1].grad_b);
         dz = dz_.data();
     }
 }

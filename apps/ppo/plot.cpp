@@ -127,7 +127,8 @@ std::string learning_curve_svg(const Progress& progress, const PlotOptions& o) {
 }
 
 std::string plot_title(const Config& cfg) {
-    return fmt::format("{} on {} (seed {}, {} rank{})", cfg.algo == "vpg" ? "VPG" : "PPO", cfg.env, cfg.seed, cfg.num_procs,
+    return fmt::format("{} on {} (seed {}, {} rank{})", cfg.algo == "vpg" ? "VPG" : "PPO",
+                       cfg.env, cfg.seed, cfg.num_procs,
                        cfg.num_procs == 1 ? "" : "s");
 }
 

@@ -479,9 +479,10 @@ void PPO::update() {
     const Batch& b = batch_;
     const auto t_pi = clock::now();
     std::optional<mpiml::Region> phase(std::in_place, "policy_update");
+    const PolicyHead head = policy_of(nets);
     const float* y = nets.pi.forward(b.obs.data(), b.n);
-    const PiInfo old = vpg_ ? loss_pi_vpg(y, b, policy_of(nets), dy_)
-                            : loss_pi(y, b, policy_of(nets), cfg_.clip_ratio, dy_);
+    const PiInfo old = vpg_ ? loss_pi_vpg(y, b, head, dy_)
+                            : loss_pi(y, b, head, cfg_.clip_ratio, dy_);
     PiInfo info;
     int i = 0;
     if (vpg_) {  // one step of gradient descent on -mean(logp adv), from the same forward
@@ -492,7 +493,7 @@ void PPO::update() {
         i = 1;
     }
     for (; !vpg_ && i < cfg_.train_pi_iters; ++i) {
-        info = loss_pi(nets.pi.forward(b.obs.data(), b.n), b, policy_of(nets), cfg_.clip_ratio, dy_);
+        info = loss_pi(nets.pi.forward(b.obs.data(), b.n), b, head, cfg_.clip_ratio, dy_);
         // The gradient before the decision, so that one allreduce averages it
         // and the KL over ranks (every rank takes the same decision); it is
         // used only if the step is taken.
@@ -561,7 +562,8 @@ void PPO::log_update(clock::time_point epoch_start, int64_t steps_done) {
     for (const char* key : {"LossPi", "LossV", "DeltaLossPi", "DeltaLossV", "Entropy", "KL"})
         logger_.log_tabular_stats(key, false, true);
     if (!vpg_)
-        for (const char* key : {"ClipFrac", "StopIter"}) logger_.log_tabular_stats(key, false, true);
+        for (const char* key : {"ClipFrac", "StopIter"})
+            logger_.log_tabular_stats(key, false, true);
     logger_.log_tabular("Time", seconds_since(start_));
     mpiml::pprint(table_row(logger_, static_cast<double>(steps_done) / seconds_since(epoch_start),
                             vpg_));

@@ -74,7 +74,8 @@ void check_mlp(ppo::Activation act, int n) {
     expect_close(ref, y, 2e-6, "output");
     (ref * dy).sum().backward();
     std::size_t k = 0;
-    for (const auto& t : p.seq->parameters()) expect_close(t.grad(), mine[k++].data(), 2e-5, "grad");
+    for (const auto& t : p.seq->parameters())
+        expect_close(t.grad(), mine[k++].data(), 2e-5, "grad");
 }
 
 TEST(Mlp, TanhMatchesAutograd) { check_mlp(ppo::Activation::tanh, 300); }
