@@ -144,25 +144,40 @@ std::uint64_t next_sequence(MPI_Comm comm) {
     return ++*static_cast<std::uint64_t*>(v);
 }
 
+bool agree(const std::int64_t* x, int n, MPI_Comm comm, const char* call, std::int64_t* lo,
+           std::int64_t* hi) {
+    // max(~x) = ~min(x): minima and maxima in one reduction, no overflow.
+    std::int64_t small[16];
+    std::vector<std::int64_t> large;
+    std::int64_t* buf = small;
+    if (2 * n > 16) {
+        large.resize(2 * static_cast<std::size_t>(n));
+        buf = large.data();
+    }
+    for (int i = 0; i < n; ++i) {
+        buf[i] = x[i];
+        buf[n + i] = ~x[i];
+    }
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, 2 * n, MPI_INT64_T, MPI_MAX, comm), call);
+    bool same = true;
+    for (int i = 0; i < n; ++i) {
+        same = same && buf[i] == ~buf[n + i];
+        if (lo) lo[i] = ~buf[n + i];
+        if (hi) hi[i] = buf[i];
+    }
+    return same;
+}
+
 void check_consistent(const CallInfo& info, std::uint64_t seq) {
     constexpr int n = 5;
     const std::int64_t sig[n] = {static_cast<std::int64_t>(info.kind),
                                  static_cast<std::int64_t>(info.count), type_id(info.type),
                                  info.op_id, info.root};
-    std::int64_t buf[2 * n];
-    for (int i = 0; i < n; ++i) {
-        buf[i] = sig[i];
-        buf[n + i] = -sig[i];
-    }
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, 2 * n, MPI_INT64_T, MPI_MAX, info.comm),
-              info.call);
-    bool same = true;
-    for (int i = 0; i < n; ++i) same = same && buf[i] == -buf[n + i];
-    if (same) return;
+    if (agree(sig, n, info.comm, info.call)) return;
 
     // Every rank saw the mismatch: gather who called what, and say so.
     int size = 0;
-    MPI_Comm_size(info.comm, &size);
+    check_mpi(MPI_Comm_size(info.comm, &size), info.call);
     std::vector<std::int64_t> all(static_cast<std::size_t>(n) * size);
     check_mpi(MPI_Allgather(sig, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, info.comm),
               info.call);

@@ -83,6 +83,12 @@ void watchdog_shutdown();
 /// Marks entry into a world collective (for "ranks that never arrived").
 void arrival_mark(std::uint64_t world_seq);
 
+/// Cross-rank agreement in one MPI_MAX allreduce of x and ~x (plain MPI, no
+/// checks or profile): true on every rank when every rank passed the same n
+/// values; lo/hi, when given, receive each value's minimum and maximum.
+bool agree(const std::int64_t* x, int n, MPI_Comm comm, const char* call,
+           std::int64_t* lo = nullptr, std::int64_t* hi = nullptr);
+
 // Cross-rank mismatch check (collectives.cpp); throws on every rank.
 void check_consistent(const CallInfo& info, std::uint64_t seq);
 

@@ -8,6 +8,8 @@
 // float16 and bfloat16 travel and are summed as float32, then converted back.
 #include <mpiml/torch.hpp>
 
+#include "internal.hpp"
+
 #include <mpiml/collectives.hpp>
 #include <mpiml/error.hpp>
 #include <mpiml/shm.hpp>
@@ -196,7 +198,7 @@ void pack_plain(const at::Tensor& t, void* dst) {
             return to_wire<c10::complex<float>, c10::complex<float>>(src, dst, n);
         case at::kComplexDouble:
             return to_wire<c10::complex<double>, c10::complex<double>>(src, dst, n);
-        default: throw std::logic_error("pack_plain: dtype");
+        default: detail::fail("mpiml::mpi_avg_grads", "internal error: pack_plain got dtype " + dtype_name(t.scalar_type()));
     }
 }
 
@@ -215,7 +217,7 @@ void unpack_plain_avg(const void* src, const at::Tensor& t, int ranks) {
             return from_wire_scaled<c10::complex<float>, c10::complex<float>>(src, dst, n, f);
         case at::kComplexDouble:
             return from_wire_scaled<c10::complex<double>, c10::complex<double>>(src, dst, n, d);
-        default: throw std::logic_error("unpack_plain_avg: dtype");
+        default: detail::fail("mpiml::mpi_avg_grads", "internal error: unpack_plain_avg got dtype " + dtype_name(t.scalar_type()));
     }
 }
 
@@ -228,7 +230,7 @@ void average_in_place(at::ScalarType s, void* data, std::size_t n, int ranks) {
         case at::kDouble: return scale_in_place<double>(data, n, d);
         case at::kComplexFloat: return scale_in_place<c10::complex<float>>(data, n, f);
         case at::kComplexDouble: return scale_in_place<c10::complex<double>>(data, n, d);
-        default: throw std::logic_error("average_in_place: dtype");
+        default: detail::fail("mpiml::mpi_avg_grads", "internal error: average_in_place got dtype " + dtype_name(s));
     }
 }
 
@@ -284,11 +286,7 @@ void verify_same(const std::vector<std::uint64_t>& hashes,
     const std::int64_t header[2] = {root, static_cast<std::int64_t>(hashes.size())};
     h = fnv1a(header, sizeof header, h);
     for (const std::uint64_t dh : hashes) h = fnv1a(&dh, sizeof dh, h);
-    // max(h) and max(~h) = ~min(h) in one MPI_MAX reduction.
-    std::uint64_t mm[2] = {h, ~h};
-    detail::allreduce(MPI_IN_PLACE, mm, 2, MPI_UINT64_T, TypeClass::integer, Op::max, comm,
-                      call);
-    if (mm[0] == ~mm[1]) return;
+    if (detail::agree(reinterpret_cast<const std::int64_t*>(&h), 1, comm, call)) return;
 
     // Slow path, only on a mismatch: every rank learns every rank's details.
     const int size = num_procs(comm);
@@ -1233,7 +1231,7 @@ void GradAverager::operator()() {
 
 void setup_pytorch_for_mpi() {
     constexpr const char* call = "mpiml::setup_pytorch_for_mpi";
-    const MPI_Comm comm = Comm{}.get();
+    const MPI_Comm comm = Comm{}.get(call);
     MPI_Comm node = MPI_COMM_NULL;
     detail::check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
                       call);
@@ -1269,7 +1267,7 @@ void setup_pytorch_for_mpi() {
 }
 
 void sync_params(torch::nn::Module& module, int root, Comm comm) {
-    sync_entries(module_entries(module, /*with_buffers=*/true), root, comm.get());
+    sync_entries(module_entries(module, /*with_buffers=*/true), root, comm.get("mpiml::sync_params"));
 }
 
 void sync_params(const torch::Tensor& tensor, int root, Comm comm) {
@@ -1281,11 +1279,11 @@ void sync_params(const std::vector<torch::Tensor>& tensors, int root, Comm comm)
     std::unordered_set<const void*> seen;
     std::erase_if(entries,
                   [&](const Named& e) { return !seen.insert(e.tensor.unsafeGetTensorImpl()).second; });
-    sync_entries(entries, root, comm.get());
+    sync_entries(entries, root, comm.get("mpiml::sync_params"));
 }
 
 void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts, Comm comm) {
-    const MPI_Comm c = comm.get();
+    const MPI_Comm c = comm.get("mpiml::mpi_avg_grads");
     if (check_enabled()) {
         const std::vector<Named> entries = module_entries(module, /*with_buffers=*/false);
         std::vector<std::string> descs;
@@ -1306,7 +1304,7 @@ void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts, Comm 
 
 void mpi_avg_grads(const std::vector<torch::Tensor>& params, const AvgGradsOptions& opts,
                    Comm comm) {
-    const MPI_Comm c = comm.get();
+    const MPI_Comm c = comm.get("mpiml::mpi_avg_grads");
     if (check_enabled()) {
         std::vector<std::string> descs;
         for (std::size_t i = 0; i < params.size(); ++i)
@@ -1319,7 +1317,7 @@ void mpi_avg_grads(const std::vector<torch::Tensor>& params, const AvgGradsOptio
 
 torch::Tensor mpi_avg(const torch::Tensor& x, Comm comm) {
     constexpr const char* call = "mpiml::mpi_avg";
-    const MPI_Comm c = comm.get();
+    const MPI_Comm c = comm.get(call);
     if (!x.defined()) detail::fail(call, "tensor is undefined");
     const auto wire = sum_wire(x.scalar_type());
     if (!wire) detail::fail(call, "dtype " + dtype_name(x.scalar_type()) + " is not supported");
