@@ -107,12 +107,10 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_flag("--deterministic", test.deterministic,
                  "With --test: take the most likely (or mean) action instead of sampling");
-    auto* plot_opt = app.add_option("--plot", plot_dir,
-                                    "Do not train: redraw learning_curve.svg from the "
-                                    "progress.txt in this folder")
-                         ->check(CLI::ExistingDirectory)
-                         ->excludes(test_opt);
-    (void)plot_opt;
+    app.add_option("--plot", plot_dir,
+                   "Do not train: redraw learning_curve.svg from the progress.txt in this folder")
+        ->check(CLI::ExistingDirectory)
+        ->excludes(test_opt);
 
     CLI11_PARSE(app, argc, argv);
 
