@@ -181,27 +181,19 @@ void check_consistent(const CallInfo& info, std::uint64_t seq) {
     std::vector<std::int64_t> all(static_cast<std::size_t>(n) * size);
     check_mpi(MPI_Allgather(sig, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, info.comm),
               info.call);
-    std::map<std::vector<std::int64_t>, std::vector<int>> groups;
-    for (int r = 0; r < size; ++r)
-        groups[std::vector<std::int64_t>(all.begin() + r * n, all.begin() + (r + 1) * n)]
-            .push_back(r);
-    std::string text = "mismatched collectives (call #" + std::to_string(seq) +
-                       " on this communicator): ";
-    bool first = true;
-    for (const auto& [s, ranks] : groups) {
-        if (!first) text += "; ";
-        first = false;
-        text += ranks.size() == 1 ? "rank " : "ranks ";
-        for (std::size_t i = 0; i < ranks.size(); ++i)
-            text += (i ? "," : "") + std::to_string(ranks[i]);
+    std::vector<std::string> called(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) {
+        const std::int64_t* s = all.data() + static_cast<std::size_t>(r) * n;
         CallInfo c = info;
         c.kind = static_cast<Kind>(s[0]);
         c.count = static_cast<std::size_t>(s[1]);
         c.op_id = static_cast<int>(s[3]);
         c.root = static_cast<int>(s[4]);
         c.type = type_by_id(s[2]);
-        text += " called " + describe(c);
+        called[r] = describe(c);
     }
+    const std::string text = "mismatched collectives (call #" + std::to_string(seq) +
+                             " on this communicator): " + group_ranks(called, 0, "called", "called");
     fail(info.call, text);
 }
 

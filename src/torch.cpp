@@ -266,15 +266,6 @@ std::uint64_t hash_desc(const std::string& d) {
     return fnv1a(d.data(), d.size(), fnv_basis) | 1u;  // never 0: 0 means "absent"
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-    std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-    for (std::size_t i = 0; i < ranks.size(); ++i) {
-        if (i) s += ", ";
-        s += std::to_string(ranks[i]);
-    }
-    return s;
-}
-
 /// Verifies that every rank passed the same descriptions (and root, when
 /// root >= 0), in one small allreduce. On a mismatch, exchanges details and
 /// throws the same mpiml::Error on every rank, naming the first differing
@@ -335,39 +326,24 @@ void verify_same(const std::vector<std::uint64_t>& hashes,
     detail::allgather(padded.data(), texts.data(), width, MPI_CHAR, comm, call);
     auto text_of = [&](int r) { return texts.substr(r * width, lens[r]); };
 
-    // Group ranks by what they have, reference rank's group first.
-    std::vector<std::pair<std::string, std::vector<int>>> groups;
-    auto add = [&](int r) {
-        const std::string t = text_of(r);
-        for (auto& g : groups)
-            if (g.first == t) return g.second.push_back(r);
-        groups.push_back({t, {r}});
-    };
-    add(ref);
-    for (int r = 0; r < size; ++r)
-        if (r != ref) add(r);
+    std::vector<std::string> has(usize);
+    for (int r = 0; r < size; ++r) has[r] = text_of(r);
     std::vector<int> differ;
-    for (std::size_t g = 1; g < groups.size(); ++g)
-        differ.insert(differ.end(), groups[g].second.begin(), groups[g].second.end());
-    std::sort(differ.begin(), differ.end());
+    for (int r = 0; r < size; ++r)
+        if (has[r] != has[ref]) differ.push_back(r);
 
     // The same message on every rank: entry, its name, who differs, who has what.
     std::string name;
-    for (const auto& g : groups) {
-        const auto q = g.first.find('\'');
-        if (q == std::string::npos || g.first.rfind("nothing", 0) == 0) continue;
-        name = g.first.substr(q, g.first.find('\'', q + 1) - q + 1);
+    for (int r : [&] { std::vector<int> o{ref}; o.insert(o.end(), differ.begin(), differ.end()); return o; }()) {
+        const auto q = has[r].find('\'');
+        if (q == std::string::npos || has[r].rfind("nothing", 0) == 0) continue;
+        name = has[r].substr(q, has[r].find('\'', q + 1) - q + 1);
         break;
     }
-    std::string what = "modules differ across ranks at entry #" + std::to_string(first) +
-                       (name.empty() ? "" : " " + name) + ": " + rank_list(differ) +
-                       (differ.size() == 1 ? " differs" : " differ") + " from rank " +
-                       std::to_string(ref) + ":";
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-        std::sort(groups[g].second.begin(), groups[g].second.end());
-        what += std::string(g ? ";" : "") + " " + rank_list(groups[g].second) +
-                (groups[g].second.size() == 1 ? " has " : " have ") + groups[g].first;
-    }
+    const std::string what = "modules differ across ranks at entry #" + std::to_string(first) +
+                             (name.empty() ? "" : " " + name) + ": " + detail::rank_list(differ) +
+                             (differ.size() == 1 ? " differs" : " differ") + " from rank " +
+                             std::to_string(ref) + ": " + detail::group_ranks(has, ref, "has", "have");
     detail::fail(call, what);
 }
 
