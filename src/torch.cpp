@@ -828,7 +828,8 @@ void run_views(ViewState& st, const std::vector<at::Tensor>& params, const char*
 }
 
 /// The free function's plans for gradient_as_bucket_view, one per parameter
-/// list (per model), least recently used dropped past kCachedPlans.
+/// list (per model), least recently used dropped past kCachedPlans per
+/// communicator.
 constexpr std::size_t kCachedPlans = 8;
 struct ViewCache {
     struct Entry {
@@ -856,10 +857,17 @@ void avg_grads_as_views(const std::vector<at::Tensor>& params, const AvgGradsOpt
     detail::allreduce(MPI_IN_PLACE, &changed, 1, MPI_INT, TypeClass::integer, Op::max, comm, call);
     if (changed) {
         if (!hit) {
-            if (cache.entries.size() >= kCachedPlans) {  // the same on every rank
-                auto lru = std::min_element(cache.entries.begin(), cache.entries.end(),
-                                            [](const auto& a, const auto& b) { return a->used < b->used; });
-                release_views((*lru)->st);
+            // Dropped among this communicator's plans only: every rank of comm
+            // made the same calls on it, so every rank drops the same one.
+            auto lru = cache.entries.end();
+            std::size_t same_comm = 0;
+            for (auto it = cache.entries.begin(); it != cache.entries.end(); ++it)
+                if ((*it)->st.comm == comm) {
+                    ++same_comm;
+                    if (lru == cache.entries.end() || (*it)->used < (*lru)->used) lru = it;
+                }
+            if (same_comm >= kCachedPlans) {
+                release_views((*lru)->st);  // collective over comm
                 cache.entries.erase(lru);
             }
             hit = cache.entries.emplace_back(std::make_unique<ViewCache::Entry>()).get();
@@ -1021,7 +1029,7 @@ void run_packed(GradState& st, MPI_Comm comm, int size, const char* call) {
 
 /// The free function's packed plans, one per list of (dtype, size): two
 /// models averaged in turn keep theirs. Least recently used dropped past
-/// kCachedPlans (the same on every rank: the keys are).
+/// kCachedPlans per communicator (the same on every rank of it).
 struct PackedCache {
     struct Entry {
         MPI_Comm comm = MPI_COMM_NULL;
@@ -1055,11 +1063,16 @@ void avg_packed_cached(const std::vector<Eligible>& ps, const AvgGradsOptions& o
             hit->st.entries[j].index = ps[j].index;
         }
     } else {
-        if (cache.entries.size() >= kCachedPlans) {
-            auto lru = std::min_element(cache.entries.begin(), cache.entries.end(),
-                                        [](const auto& a, const auto& b) { return a->used < b->used; });
-            cache.entries.erase(lru);
-        }
+        // As for the view plans: dropped among this communicator's only (its
+        // shared bucket is freed collectively over comm).
+        auto lru = cache.entries.end();
+        std::size_t same_comm = 0;
+        for (auto it = cache.entries.begin(); it != cache.entries.end(); ++it)
+            if ((*it)->comm == comm) {
+                ++same_comm;
+                if (lru == cache.entries.end() || (*it)->used < (*lru)->used) lru = it;
+            }
+        if (same_comm >= kCachedPlans) cache.entries.erase(lru);
         auto e = std::make_unique<PackedCache::Entry>();
         e->comm = comm;
         e->cap = opts.bucket_cap_bytes;
