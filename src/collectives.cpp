@@ -144,49 +144,56 @@ std::uint64_t next_sequence(MPI_Comm comm) {
     return ++*static_cast<std::uint64_t*>(v);
 }
 
+bool agree(const std::int64_t* x, int n, MPI_Comm comm, const char* call, std::int64_t* lo,
+           std::int64_t* hi) {
+    // max(~x) = ~min(x): minima and maxima in one reduction, no overflow.
+    std::int64_t small[16];
+    std::vector<std::int64_t> large;
+    std::int64_t* buf = small;
+    if (2 * n > 16) {
+        large.resize(2 * static_cast<std::size_t>(n));
+        buf = large.data();
+    }
+    for (int i = 0; i < n; ++i) {
+        buf[i] = x[i];
+        buf[n + i] = ~x[i];
+    }
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, 2 * n, MPI_INT64_T, MPI_MAX, comm), call);
+    bool same = true;
+    for (int i = 0; i < n; ++i) {
+        same = same && buf[i] == ~buf[n + i];
+        if (lo) lo[i] = ~buf[n + i];
+        if (hi) hi[i] = buf[i];
+    }
+    return same;
+}
+
 void check_consistent(const CallInfo& info, std::uint64_t seq) {
     constexpr int n = 5;
     const std::int64_t sig[n] = {static_cast<std::int64_t>(info.kind),
                                  static_cast<std::int64_t>(info.count), type_id(info.type),
                                  info.op_id, info.root};
-    std::int64_t buf[2 * n];
-    for (int i = 0; i < n; ++i) {
-        buf[i] = sig[i];
-        buf[n + i] = -sig[i];
-    }
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, 2 * n, MPI_INT64_T, MPI_MAX, info.comm),
-              info.call);
-    bool same = true;
-    for (int i = 0; i < n; ++i) same = same && buf[i] == -buf[n + i];
-    if (same) return;
+    if (agree(sig, n, info.comm, info.call)) return;
 
     // Every rank saw the mismatch: gather who called what, and say so.
     int size = 0;
-    MPI_Comm_size(info.comm, &size);
+    check_mpi(MPI_Comm_size(info.comm, &size), info.call);
     std::vector<std::int64_t> all(static_cast<std::size_t>(n) * size);
     check_mpi(MPI_Allgather(sig, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, info.comm),
               info.call);
-    std::map<std::vector<std::int64_t>, std::vector<int>> groups;
-    for (int r = 0; r < size; ++r)
-        groups[std::vector<std::int64_t>(all.begin() + r * n, all.begin() + (r + 1) * n)]
-            .push_back(r);
-    std::string text = "mismatched collectives (call #" + std::to_string(seq) +
-                       " on this communicator): ";
-    bool first = true;
-    for (const auto& [s, ranks] : groups) {
-        if (!first) text += "; ";
-        first = false;
-        text += ranks.size() == 1 ? "rank " : "ranks ";
-        for (std::size_t i = 0; i < ranks.size(); ++i)
-            text += (i ? "," : "") + std::to_string(ranks[i]);
+    std::vector<std::string> called(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) {
+        const std::int64_t* s = all.data() + static_cast<std::size_t>(r) * n;
         CallInfo c = info;
         c.kind = static_cast<Kind>(s[0]);
         c.count = static_cast<std::size_t>(s[1]);
         c.op_id = static_cast<int>(s[3]);
         c.root = static_cast<int>(s[4]);
         c.type = type_by_id(s[2]);
-        text += " called " + describe(c);
+        called[r] = describe(c);
     }
+    const std::string text = "mismatched collectives (call #" + std::to_string(seq) +
+                             " on this communicator): " + group_ranks(called, 0, "called", "called");
     fail(info.call, text);
 }
 

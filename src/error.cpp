@@ -1,7 +1,14 @@
 #include <mpiml/datatype.hpp>
 #include <mpiml/error.hpp>
 
+#include "internal.hpp"
+
 #include <mpi.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace mpiml {
 namespace {
@@ -43,6 +50,33 @@ void check_mpi(int rc, const char* call) {
 }
 
 void fail(const char* call, const std::string& what) { throw Error(call, what); }
+
+
+std::string rank_list(const std::vector<int>& ranks) {
+    std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+    for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+    return s;
+}
+
+std::string group_ranks(const std::vector<std::string>& per_rank, int first, const char* verb_one,
+                        const char* verb_many) {
+    std::vector<std::pair<std::string, std::vector<int>>> groups;
+    auto add = [&](int r) {
+        for (auto& g : groups)
+            if (g.first == per_rank[r]) return g.second.push_back(r);
+        groups.push_back({per_rank[r], {r}});
+    };
+    add(first);
+    for (int r = 0; r < static_cast<int>(per_rank.size()); ++r)
+        if (r != first) add(r);
+    std::string text;
+    for (auto& [what, ranks] : groups) {
+        std::sort(ranks.begin(), ranks.end());
+        text += (text.empty() ? "" : "; ") + rank_list(ranks) + " " +
+                (ranks.size() == 1 ? verb_one : verb_many) + " " + what;
+    }
+    return text;
+}
 
 }  // namespace detail
 

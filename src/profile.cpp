@@ -661,10 +661,7 @@ bool measure_waits(std::vector<ThreadEvents>& threads, const ClockMap& map, MPI_
     std::sort(world.begin(), world.end(),
               [](const World& a, const World& b) { return a.c->world_index < b.c->world_index; });
     const auto n = static_cast<std::int64_t>(world.size());
-    std::int64_t range[2] = {n, -n};
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT64_T, MPI_MAX, comm),
-              "mpiml::profile_stop");
-    if (range[0] != -range[1]) return false;
+    if (!agree(&n, 1, comm, "mpiml::profile_stop")) return false;
     std::vector<std::int64_t> entry(2 * static_cast<std::size_t>(n), INT64_MIN);
     for (std::int64_t i = 0; i < n; ++i) {
         const auto [e, c] = world[i];
@@ -706,7 +703,7 @@ void recv_text(int from, std::ofstream& f, MPI_Comm comm) {
 }
 
 // Every rank learns whether any rank failed; throws on all ranks if so.
-void agree(const std::string& error, MPI_Comm comm, const char* call) {
+void all_succeeded(const std::string& error, MPI_Comm comm, const char* call) {
     int bad = error.empty() ? 0 : 1;
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, comm), call);
     if (!error.empty()) fail(call, error);
@@ -787,7 +784,7 @@ void profile_start(std::string dir) {
     MPI_Comm comm = MPI_COMM_NULL;
     detail::check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm), call);
     try {
-        detail::agree(detail::make_dir(dir), comm, call);
+        detail::all_succeeded(detail::make_dir(dir), comm, call);
         detail::begin_recording(dir, false);
         p.clock0 = detail::sync_clocks(comm, call);
     } catch (...) {
@@ -937,7 +934,7 @@ void profile_stop() {
         if (e.empty()) e = write_file(dir + "/summary.json", "", summary_json(table, size, wall), "");
         if (error.empty()) error = e;
     }
-    agree(error, comm, call);
+    all_succeeded(error, comm, call);
 }
 
 }  // namespace mpiml

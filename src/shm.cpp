@@ -701,14 +701,14 @@ bool takes_shared_path(std::size_t bytes, Comm comm) {
 
 SharedBucket::SharedBucket(std::size_t bytes, Comm comm) {
     constexpr const char* call = "mpiml::SharedBucket";
-    comm_ = comm.get();
+    comm_ = comm.get(call);
     if (!detail::usable_comm(comm_)) detail::fail(call, "needs an intra-communicator");
     // Same size everywhere, or the reductions would read past a peer's bucket.
-    long long range[2] = {static_cast<long long>(bytes), -static_cast<long long>(bytes)};
-    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MAX, comm_), call);
-    if (range[0] != -range[1])
-        detail::fail(call, "ranks asked for different sizes (" + std::to_string(-range[1]) +
-                               " to " + std::to_string(range[0]) + " bytes)");
+    const auto want = static_cast<std::int64_t>(bytes);
+    std::int64_t lo = 0, hi = 0;
+    if (!detail::agree(&want, 1, comm_, call, &lo, &hi))
+        detail::fail(call, "ranks asked for different sizes (" + std::to_string(lo) + " to " +
+                               std::to_string(hi) + " bytes)");
     ctx_ = detail::context(comm_, call);
     bytes_ = bytes;
     const std::size_t alloc = detail::kLine + std::max<std::size_t>(detail::kLine, (bytes + 63) / 64 * 64);

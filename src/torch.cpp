@@ -8,6 +8,8 @@
 // float16 and bfloat16 travel and are summed as float32, then converted back.
 #include <mpiml/torch.hpp>
 
+#include "internal.hpp"
+
 #include <mpiml/collectives.hpp>
 #include <mpiml/error.hpp>
 #include <mpiml/shm.hpp>
@@ -197,7 +199,7 @@ void pack_plain(const at::Tensor& t, void* dst) {
             return to_wire<c10::complex<float>, c10::complex<float>>(src, dst, n);
         case at::kComplexDouble:
             return to_wire<c10::complex<double>, c10::complex<double>>(src, dst, n);
-        default: throw std::logic_error("pack_plain: dtype");
+        default: detail::fail("mpiml::mpi_avg_grads", "internal error: pack_plain got dtype " + dtype_name(t.scalar_type()));
     }
 }
 
@@ -216,7 +218,7 @@ void unpack_plain_avg(const void* src, const at::Tensor& t, int ranks) {
             return from_wire_scaled<c10::complex<float>, c10::complex<float>>(src, dst, n, f);
         case at::kComplexDouble:
             return from_wire_scaled<c10::complex<double>, c10::complex<double>>(src, dst, n, d);
-        default: throw std::logic_error("unpack_plain_avg: dtype");
+        default: detail::fail("mpiml::mpi_avg_grads", "internal error: unpack_plain_avg got dtype " + dtype_name(t.scalar_type()));
     }
 }
 
@@ -229,7 +231,7 @@ void average_in_place(at::ScalarType s, void* data, std::size_t n, int ranks) {
         case at::kDouble: return scale_in_place<double>(data, n, d);
         case at::kComplexFloat: return scale_in_place<c10::complex<float>>(data, n, f);
         case at::kComplexDouble: return scale_in_place<c10::complex<double>>(data, n, d);
-        default: throw std::logic_error("average_in_place: dtype");
+        default: detail::fail("mpiml::mpi_avg_grads", "internal error: average_in_place got dtype " + dtype_name(s));
     }
 }
 
@@ -265,15 +267,6 @@ std::uint64_t hash_desc(const std::string& d) {
     return fnv1a(d.data(), d.size(), fnv_basis) | 1u;  // never 0: 0 means "absent"
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-    std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-    for (std::size_t i = 0; i < ranks.size(); ++i) {
-        if (i) s += ", ";
-        s += std::to_string(ranks[i]);
-    }
-    return s;
-}
-
 /// Verifies that every rank passed the same descriptions (and root, when
 /// root >= 0), in one small allreduce. On a mismatch, exchanges details and
 /// throws the same mpiml::Error on every rank, naming the first differing
@@ -285,11 +278,7 @@ void verify_same(const std::vector<std::uint64_t>& hashes,
     const std::int64_t header[2] = {root, static_cast<std::int64_t>(hashes.size())};
     h = fnv1a(header, sizeof header, h);
     for (const std::uint64_t dh : hashes) h = fnv1a(&dh, sizeof dh, h);
-    // max(h) and max(~h) = ~min(h) in one MPI_MAX reduction.
-    std::uint64_t mm[2] = {h, ~h};
-    detail::allreduce(MPI_IN_PLACE, mm, 2, MPI_UINT64_T, TypeClass::integer, Op::max, comm,
-                      call);
-    if (mm[0] == ~mm[1]) return;
+    if (detail::agree(reinterpret_cast<const std::int64_t*>(&h), 1, comm, call)) return;
 
     // Slow path, only on a mismatch: every rank learns every rank's details.
     const int size = num_procs(comm);
@@ -338,39 +327,24 @@ void verify_same(const std::vector<std::uint64_t>& hashes,
     detail::allgather(padded.data(), texts.data(), width, MPI_CHAR, comm, call);
     auto text_of = [&](int r) { return texts.substr(r * width, lens[r]); };
 
-    // Group ranks by what they have, reference rank's group first.
-    std::vector<std::pair<std::string, std::vector<int>>> groups;
-    auto add = [&](int r) {
-        const std::string t = text_of(r);
-        for (auto& g : groups)
-            if (g.first == t) return g.second.push_back(r);
-        groups.push_back({t, {r}});
-    };
-    add(ref);
-    for (int r = 0; r < size; ++r)
-        if (r != ref) add(r);
+    std::vector<std::string> has(usize);
+    for (int r = 0; r < size; ++r) has[r] = text_of(r);
     std::vector<int> differ;
-    for (std::size_t g = 1; g < groups.size(); ++g)
-        differ.insert(differ.end(), groups[g].second.begin(), groups[g].second.end());
-    std::sort(differ.begin(), differ.end());
+    for (int r = 0; r < size; ++r)
+        if (has[r] != has[ref]) differ.push_back(r);
 
     // The same message on every rank: entry, its name, who differs, who has what.
     std::string name;
-    for (const auto& g : groups) {
-        const auto q = g.first.find('\'');
-        if (q == std::string::npos || g.first.rfind("nothing", 0) == 0) continue;
-        name = g.first.substr(q, g.first.find('\'', q + 1) - q + 1);
+    for (int r : [&] { std::vector<int> o{ref}; o.insert(o.end(), differ.begin(), differ.end()); return o; }()) {
+        const auto q = has[r].find('\'');
+        if (q == std::string::npos || has[r].rfind("nothing", 0) == 0) continue;
+        name = has[r].substr(q, has[r].find('\'', q + 1) - q + 1);
         break;
     }
-    std::string what = "modules differ across ranks at entry #" + std::to_string(first) +
-                       (name.empty() ? "" : " " + name) + ": " + rank_list(differ) +
-                       (differ.size() == 1 ? " differs" : " differ") + " from rank " +
-                       std::to_string(ref) + ":";
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-        std::sort(groups[g].second.begin(), groups[g].second.end());
-        what += std::string(g ? ";" : "") + " " + rank_list(groups[g].second) +
-                (groups[g].second.size() == 1 ? " has " : " have ") + groups[g].first;
-    }
+    const std::string what = "modules differ across ranks at entry #" + std::to_string(first) +
+                             (name.empty() ? "" : " " + name) + ": " + detail::rank_list(differ) +
+                             (differ.size() == 1 ? " differs" : " differ") + " from rank " +
+                             std::to_string(ref) + ": " + detail::group_ranks(has, ref, "has", "have");
     detail::fail(call, what);
 }
 
@@ -855,7 +829,8 @@ void run_views(ViewState& st, const std::vector<at::Tensor>& params, const char*
 }
 
 /// The free function's plans for gradient_as_bucket_view, one per parameter
-/// list (per model), least recently used dropped past kCachedPlans.
+/// list (per model), least recently used dropped past kCachedPlans per
+/// communicator.
 constexpr std::size_t kCachedPlans = 8;
 struct ViewCache {
     struct Entry {
@@ -883,10 +858,17 @@ void avg_grads_as_views(const std::vector<at::Tensor>& params, const AvgGradsOpt
     detail::allreduce(MPI_IN_PLACE, &changed, 1, MPI_INT, TypeClass::integer, Op::max, comm, call);
     if (changed) {
         if (!hit) {
-            if (cache.entries.size() >= kCachedPlans) {  // the same on every rank
-                auto lru = std::min_element(cache.entries.begin(), cache.entries.end(),
-                                            [](const auto& a, const auto& b) { return a->used < b->used; });
-                release_views((*lru)->st);
+            // Dropped among this communicator's plans only: every rank of comm
+            // made the same calls on it, so every rank drops the same one.
+            auto lru = cache.entries.end();
+            std::size_t same_comm = 0;
+            for (auto it = cache.entries.begin(); it != cache.entries.end(); ++it)
+                if ((*it)->st.comm == comm) {
+                    ++same_comm;
+                    if (lru == cache.entries.end() || (*it)->used < (*lru)->used) lru = it;
+                }
+            if (same_comm >= kCachedPlans) {
+                release_views((*lru)->st);  // collective over comm
                 cache.entries.erase(lru);
             }
             hit = cache.entries.emplace_back(std::make_unique<ViewCache::Entry>()).get();
@@ -1048,7 +1030,7 @@ void run_packed(GradState& st, MPI_Comm comm, int size, const char* call) {
 
 /// The free function's packed plans, one per list of (dtype, size): two
 /// models averaged in turn keep theirs. Least recently used dropped past
-/// kCachedPlans (the same on every rank: the keys are).
+/// kCachedPlans per communicator (the same on every rank of it).
 struct PackedCache {
     struct Entry {
         MPI_Comm comm = MPI_COMM_NULL;
@@ -1082,11 +1064,16 @@ void avg_packed_cached(const std::vector<Eligible>& ps, const AvgGradsOptions& o
             hit->st.entries[j].index = ps[j].index;
         }
     } else {
-        if (cache.entries.size() >= kCachedPlans) {
-            auto lru = std::min_element(cache.entries.begin(), cache.entries.end(),
-                                        [](const auto& a, const auto& b) { return a->used < b->used; });
-            cache.entries.erase(lru);
-        }
+        // As for the view plans: dropped among this communicator's only (its
+        // shared bucket is freed collectively over comm).
+        auto lru = cache.entries.end();
+        std::size_t same_comm = 0;
+        for (auto it = cache.entries.begin(); it != cache.entries.end(); ++it)
+            if ((*it)->comm == comm) {
+                ++same_comm;
+                if (lru == cache.entries.end() || (*it)->used < (*lru)->used) lru = it;
+            }
+        if (same_comm >= kCachedPlans) cache.entries.erase(lru);
         auto e = std::make_unique<PackedCache::Entry>();
         e->comm = comm;
         e->cap = opts.bucket_cap_bytes;
@@ -1234,7 +1221,7 @@ void GradAverager::operator()() {
 
 void setup_pytorch_for_mpi() {
     constexpr const char* call = "mpiml::setup_pytorch_for_mpi";
-    const MPI_Comm comm = Comm{}.get();
+    const MPI_Comm comm = Comm{}.get(call);
     MPI_Comm node = MPI_COMM_NULL;
     detail::check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
                       call);
@@ -1274,7 +1261,7 @@ void setup_pytorch_for_mpi() {
 }
 
 void sync_params(torch::nn::Module& module, int root, Comm comm) {
-    sync_entries(module_entries(module, /*with_buffers=*/true), root, comm.get());
+    sync_entries(module_entries(module, /*with_buffers=*/true), root, comm.get("mpiml::sync_params"));
 }
 
 void sync_params(const torch::Tensor& tensor, int root, Comm comm) {
@@ -1286,11 +1273,11 @@ void sync_params(const std::vector<torch::Tensor>& tensors, int root, Comm comm)
     std::unordered_set<const void*> seen;
     std::erase_if(entries,
                   [&](const Named& e) { return !seen.insert(e.tensor.unsafeGetTensorImpl()).second; });
-    sync_entries(entries, root, comm.get());
+    sync_entries(entries, root, comm.get("mpiml::sync_params"));
 }
 
 void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts, Comm comm) {
-    const MPI_Comm c = comm.get();
+    const MPI_Comm c = comm.get("mpiml::mpi_avg_grads");
     if (check_enabled()) {
         const std::vector<Named> entries = module_entries(module, /*with_buffers=*/false);
         std::vector<std::string> descs;
@@ -1311,7 +1298,7 @@ void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts, Comm 
 
 void mpi_avg_grads(const std::vector<torch::Tensor>& params, const AvgGradsOptions& opts,
                    Comm comm) {
-    const MPI_Comm c = comm.get();
+    const MPI_Comm c = comm.get("mpiml::mpi_avg_grads");
     if (check_enabled()) {
         std::vector<std::string> descs;
         for (std::size_t i = 0; i < params.size(); ++i)
@@ -1324,7 +1311,7 @@ void mpi_avg_grads(const std::vector<torch::Tensor>& params, const AvgGradsOptio
 
 torch::Tensor mpi_avg(const torch::Tensor& x, Comm comm) {
     constexpr const char* call = "mpiml::mpi_avg";
-    const MPI_Comm c = comm.get();
+    const MPI_Comm c = comm.get(call);
     if (!x.defined()) detail::fail(call, "tensor is undefined");
     const auto wire = sum_wire(x.scalar_type());
     if (!wire) detail::fail(call, "dtype " + dtype_name(x.scalar_type()) + " is not supported");

@@ -131,18 +131,20 @@ void watchdog_shutdown() {
 }
 
 void arrival_mark(std::uint64_t world_seq) {
+    constexpr const char* call = "mpiml watchdog";
     auto& b = board();
     if (!b.ready.load()) {
         // Collective over the world: every rank is entering the same call.
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &b.node);
+        check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &b.node),
+                  call);
         int n = 0, me = 0;
-        MPI_Comm_size(b.node, &n);
-        MPI_Comm_rank(b.node, &me);
+        check_mpi(MPI_Comm_size(b.node, &n), call);
+        check_mpi(MPI_Comm_rank(b.node, &me), call);
         void* base = nullptr;
         if (MPI_Win_allocate_shared(sizeof(std::uint64_t), sizeof(std::uint64_t), MPI_INFO_NULL,
                                     b.node, &base, &b.win) != MPI_SUCCESS) {
             MPI_Comm_free(&b.node);
-            return;
+            return;  // no board: the watchdog still fires, without naming late ranks
         }
         b.mine = static_cast<std::uint64_t*>(base);
         *b.mine = 0;
@@ -151,18 +153,19 @@ void arrival_mark(std::uint64_t world_seq) {
             MPI_Aint size = 0;
             int disp = 0;
             void* p = nullptr;
-            MPI_Win_shared_query(b.win, r, &size, &disp, &p);
+            check_mpi(MPI_Win_shared_query(b.win, r, &size, &disp, &p), call);
             b.slots[r] = static_cast<std::uint64_t*>(p);
         }
         MPI_Group gn, gw;
-        MPI_Comm_group(b.node, &gn);
-        MPI_Comm_group(MPI_COMM_WORLD, &gw);
+        check_mpi(MPI_Comm_group(b.node, &gn), call);
+        check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &gw), call);
         std::vector<int> nr(n);
         for (int r = 0; r < n; ++r) nr[r] = r;
         b.world_ranks.resize(n);
-        MPI_Group_translate_ranks(gn, n, nr.data(), gw, b.world_ranks.data());
+        const int rc = MPI_Group_translate_ranks(gn, n, nr.data(), gw, b.world_ranks.data());
         MPI_Group_free(&gn);
         MPI_Group_free(&gw);
+        check_mpi(rc, call);
         b.ready.store(true);
         register_finalize_hook(shutdown_hook);
     }

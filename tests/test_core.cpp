@@ -59,7 +59,12 @@ TYPED_TEST(Typed, RangeSumAndInPlace) {
     std::vector<T> w = v;
     mpiml::allreduce(w, mpiml::Op::max);
     EXPECT_EQ(w[0], static_cast<T>(size() - 1));
+    EXPECT_EQ(w[1], static_cast<T>(1));
     EXPECT_EQ(w[2], static_cast<T>(2 * (size() - 1)));
+
+    std::vector<T> in_place = v;  // in place: the sum replaces the input
+    mpiml::allreduce(in_place, mpiml::Op::sum);
+    EXPECT_EQ(in_place, s);
 
     std::array<T, 3> out{};
     mpiml::allreduce(v, out, mpiml::Op::sum);

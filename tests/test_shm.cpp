@@ -40,10 +40,10 @@ std::uint64_t mix(std::uint64_t x) {
 }
 double unit(std::uint64_t h) { return static_cast<double>(h >> 11) / 9007199254740992.0; }
 
+// From the public type registry (include/mpiml/datatype.hpp).
 template <class T>
-struct is_complex : std::false_type {};
-template <class U>
-struct is_complex<std::complex<U>> : std::true_type {};
+struct is_complex
+    : std::bool_constant<mpiml::mpi_type_traits<T>::type_class == mpiml::TypeClass::complex> {};
 
 // Input of rank r at index i for op.
 template <class T>
@@ -339,12 +339,19 @@ TEST(ShmAllreduce, AutoAndOffMatchMpi) {
     for (shm::Mode m : {shm::Mode::automatic, shm::Mode::off}) {
         ForceShm mode(m);
         for (std::size_t n : {std::size_t{3}, std::size_t{1} << 20}) {
-            std::vector<long long> x(n), ref(n);
-            for (std::size_t i = 0; i < n; ++i) x[i] = value<long long>(rank(), i, Op::sum);
+            std::vector<long long> x(n), ref(n), want(n);
+            for (std::size_t i = 0; i < n; ++i) {
+                x[i] = value<long long>(rank(), i, Op::sum);
+                std::uint64_t sum = 0;  // every rank's input, summed with wrap-around here
+                for (int r = 0; r < size(); ++r)
+                    sum += static_cast<std::uint64_t>(value<long long>(r, i, Op::sum));
+                want[i] = static_cast<long long>(sum);
+            }
             MPI_Allreduce(x.data(), ref.data(), static_cast<int>(n), MPI_LONG_LONG, MPI_SUM,
                           MPI_COMM_WORLD);
             mpiml::allreduce(x, Op::sum);
-            EXPECT_TRUE(x == ref);
+            EXPECT_TRUE(x == want) << "mode " << static_cast<int>(m) << ", n " << n;
+            EXPECT_TRUE(ref == want) << "MPI_Allreduce itself, n " << n;
         }
     }
 }

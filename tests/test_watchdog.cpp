@@ -13,6 +13,19 @@
 TEST(Watchdog, DeadlineChangedWhileArmed) {
     const int n = mpiml::num_procs();
     const double before = mpiml::timeout();
+    // Another thread moves the deadline while the watchdog thread reads it.
+    std::atomic<bool> done{false};
+    std::thread mover([&] {
+        for (int i = 0; !done.load(); ++i) mpiml::set_timeout(40.0 + i % 5);
+    });
+    for (int i = 0; i < 100; ++i) {
+        std::vector<int> x(3, 1);
+        mpiml::allreduce(x, mpiml::Op::sum);
+        EXPECT_EQ(x[0], n);
+        if (i % 25 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(60));  // a watchdog tick
+    }
+    done = true;
+    mover.join();
     for (int i = 0; i < 300; ++i) {
         const double t = 30.0 + i % 7;
         mpiml::set_timeout(t);
