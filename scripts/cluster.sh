@@ -104,7 +104,10 @@ cmd_up() {
     h=h$i
     ip netns add "$prefix$h"
     ip -n "$prefix$h" link set lo up
-    ip netns exec "$prefix$h" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
+    # IPv4 only; a peer that stops acknowledging is given up after ~6 s of
+    # retransmissions (default ~15 min), so that a cut link ends the job.
+    ip netns exec "$prefix$h" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 \
+      net.ipv4.tcp_retries2=3
     ip link add "$prefix$h" type veth peer name "${prefix}p$i"
     ip link set "$prefix$h" netns "$prefix$h"
     ip link set "${prefix}p$i" netns "$sw"

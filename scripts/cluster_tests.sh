@@ -46,7 +46,9 @@ for t in test_core test_shm test_profile test_torch; do
     np=$(tr , '\n' <<< "$layout" | awk -F: '{ n += $2 } END { print n }')
     name=$t.${layout//[:,]/_}
     t0=$(date +%s.%N)
-    timeout 400 "$cl" run -np "$np" --host "$layout" "$build/tests/$t" > "$log/$name.log" 2>&1
+    filter=()  # test_shm: the integer types and > 64 MiB stay on the one-host runs (time)
+    [ $t = test_shm ] && filter=(--gtest_filter='-ShmAllreduce.*Int*:ShmAllreduce.*Short:ShmAllreduce.*Long*:ShmAllreduce.Above64MiB')
+    timeout 400 "$cl" run -np "$np" --host "$layout" "$build/tests/$t" "${filter[@]}" > "$log/$name.log" 2>&1
     rc=$?
     # every rank's gtest summary says PASSED
     [ $rc -eq 0 ] && [ "$(grep -c 'PASSED' "$log/$name.log")" -ge "$np" ] || rc=1
@@ -89,8 +91,9 @@ if [ -x "$fc" ]; then
   fault_case rank_killed_on_h2 13 "rank 3 .* on node h2 .*(signal 9|Killed)" sigkill 3
   fault_case h2_ranks_killed 16 "rank [23] .* on node h2 .*(signal 9|Killed)" loop -1 \
     'kill -9 $(ip netns pids mpiml-h2 | xargs ps -o pid=,comm= -p | awk "\$2 == \"fault_child\" {print \$1}")'
-  fault_case h2_link_cut 16 "rank [0-3]/4: watchdog: .*never arrived|lost communication with a remote daemon" loop -1 \
-    'ip -n mpiml-h2 link set eth0 down'
+  # (the link comes back after the limit in any case, so that a hang cannot outlive the case)
+  fault_case h2_link_cut 16 "rank [0-3]/4: watchdog: .*(never arrived|on this node \\(h[12]\\) arrived)|lost communication with a remote daemon" loop -1 \
+    'ip -n mpiml-h2 link set eth0 down; (sleep 20; ip -n mpiml-h2 link set eth0 up) &'
   fault_case rank_stalled_on_h2 13 "watchdog: .*never arrived: 3 " stall 3
 fi
 unset MPIML_TIMEOUT
