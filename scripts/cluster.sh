@@ -6,7 +6,8 @@
 #   scripts/cluster.sh exec HOST CMD...   a command on one host (launcher settings and
 #                                         MPIML_HOSTFILE set: mpi_fork spans the hosts)
 #   scripts/cluster.sh link HOST up|down  cut or restore a host's link
-#   scripts/cluster.sh shape "NETEM ARGS" shape every host's link (tc netem), "" to clear
+#   scripts/cluster.sh shape "QDISC ARGS" shape every host's link, e.g. "netem delay 0.5ms
+#                                         rate 1gbit" or "tbf rate 1gbit ..."; "" to clear
 #   scripts/cluster.sh ps                 processes running on each host
 #   scripts/cluster.sh check              exit 0 if up, else print why (77: cannot run here)
 #   scripts/cluster.sh down               remove everything (also after a failed run)
@@ -104,7 +105,10 @@ cmd_up() {
     h=h$i
     ip netns add "$prefix$h"
     ip -n "$prefix$h" link set lo up
-    ip netns exec "$prefix$h" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
+    # IPv4 only; a peer that stops acknowledging is given up after ~6 s of
+    # retransmissions (default ~15 min), so that a cut link ends the job.
+    ip netns exec "$prefix$h" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1 \
+      net.ipv4.tcp_retries2=3
     ip link add "$prefix$h" type veth peer name "${prefix}p$i"
     ip link set "$prefix$h" netns "$prefix$h"
     ip link set "${prefix}p$i" netns "$sw"
@@ -182,7 +186,7 @@ cmd_shape() {
   for h in $(hosts); do
     enter "$h" tc qdisc del dev eth0 root 2> /dev/null || true
     # shellcheck disable=SC2086
-    [ -z "${1:-}" ] || enter "$h" tc qdisc add dev eth0 root netem $1
+    [ -z "${1:-}" ] || enter "$h" tc qdisc add dev eth0 root $1
   done
 }
 

@@ -98,6 +98,16 @@ else
   echo "ThreadSanitizer build FAILED"; tail -30 "$tsan-configure.log" "$tsan-build.log"; failed=$((failed + 1))
 fi
 
+stage "many hosts: 2 network-namespace hosts over TCP (scripts/cluster_tests.sh, docs/CLUSTER.md)"
+# Skipped (no root or no ip netns) counts as neither passed nor failed, and says so.
+"$root/scripts/cluster_tests.sh" "$root/build" 2>&1 | tee "$root/build/cluster-tests.log"
+line=$(grep -E "^cluster tests: [0-9]+ passed, [0-9]+ failed" "$root/build/cluster-tests.log" | tail -1)
+if [ -n "$line" ]; then
+  passed=$((passed + $(awk '{print $3}' <<<"$line"))); failed=$((failed + $(awk '{print $5}' <<<"$line")))
+elif ! grep -q "cluster tests: SKIPPED" "$root/build/cluster-tests.log"; then
+  failed=$((failed + 1))
+fi
+
 if [ "${MPIML_LEARNING_CHECK:-1}" = 1 ] && [ -x "$root/scripts/check_learning.sh" ]; then
   stage "PPO learning check"
   if "$root/scripts/check_learning.sh"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi

@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 namespace mpiml::detail {
 namespace {
 
@@ -68,8 +70,11 @@ std::string missing_ranks(std::uint64_t my_seq, MPI_Comm comm) {
             late += (late.empty() ? "" : ", ") + std::to_string(b.world_ranks[i]) +
                     " (last entered #" + std::to_string(s) + ")";
     }
-    if (late.empty()) return "; every rank on this node arrived (a rank on another node may not have)";
-    return "; ranks on this node that never arrived: " + late;
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) != 0) host[0] = '?';
+    const std::string node = std::string("this node (") + host + ")";
+    if (late.empty()) return "; every rank on " + node + " arrived (a rank on another node may not have)";
+    return "; ranks on " + node + " that never arrived: " + late;
 }
 
 void loop() {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -240,8 +241,12 @@ TEST(Profile, FilesTimelineAndSummary) {
     ASSERT_EQ(bar.size(), 1u);
     const double wait_us = bar[0].at("args").at("wait_us");
     const double step_us = std::chrono::duration<double, std::micro>(step).count();
-    EXPECT_GE(wait_us, 0.5 * step_us * (size - 1 - rank));
-    if (rank == size - 1) EXPECT_LE(wait_us, 0.5 * step_us);
+    // Across hosts, wait times carry the measured clock offsets' error (up to
+    // half a round trip, large on a loaded machine): checked on one host only.
+    if (std::count(hosts.begin(), hosts.end(), hosts[0]) == size) {
+        EXPECT_GE(wait_us, 0.5 * step_us * (size - 1 - rank));
+        if (rank == size - 1) EXPECT_LE(wait_us, 0.5 * step_us);
+    }
 
     const auto& clock = t.at("otherData").at("clock");
     EXPECT_EQ(clock.at("same_host_as_rank_0").get<bool>(), host() == host_of_rank_0());
