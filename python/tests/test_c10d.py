@@ -298,14 +298,15 @@ def test_send_recv_ring_and_any_source(world):
     s.wait()
     r.wait()
     assert torch.equal(got, torch.arange(300_000, dtype=torch.float32) + prv)
-    # blocking, non-contiguous receive
+    # blocking, non-contiguous receive; its own tag, so that it cannot match
+    # the batch sends below (tag 0) that a faster rank may already have posted
     if rank == 0:
         dst = noncontig(torch.zeros(4, 6))
         for _ in range(n - 1):
-            src = dist.recv(dst)  # from any rank
+            src = dist.recv(dst, tag=5)  # from any rank
             assert torch.equal(dst, torch.full((4, 6), float(src)))
     else:
-        dist.send(torch.full((4, 6), float(rank)), 0)
+        dist.send(torch.full((4, 6), float(rank)), 0, tag=5)
     # batch_isend_irecv
     a, b = torch.full((5,), float(rank)), torch.zeros(5)
     reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, a, nxt), dist.P2POp(dist.irecv, b, prv)])
