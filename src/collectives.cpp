@@ -202,13 +202,16 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
     const bool prof = profiling();
     const bool check = s.check.load(std::memory_order_relaxed);
     const bool timed = s.timeout.load(std::memory_order_relaxed) > 0;
-    if (!check && !timed && !prof) return;
     const std::int64_t t0 = prof ? profile_now() : 0;
+    // Every rank counts and marks every collective whatever its own settings,
+    // which may differ between ranks: the sequence numbers and the arrival
+    // board (set up collectively on the first world collective) may not.
     const std::uint64_t seq = next_sequence(info.comm);
+    if (info.comm == MPI_COMM_WORLD) arrival_mark(seq);
+    if (!check && !timed && !prof) return;
     if (timed) {
         watchdog_arm(info, seq);
         armed_ = true;
-        if (info.comm == MPI_COMM_WORLD) arrival_mark(seq);
     }
     if (check) {
         try {

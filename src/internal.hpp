@@ -80,7 +80,6 @@ void profile_discard();
 // Watchdog (watchdog.cpp).
 void watchdog_arm(const CallInfo& info, std::uint64_t seq);
 void watchdog_disarm();
-void watchdog_shutdown();
 /// Marks entry into a world collective (for "ranks that never arrived").
 void arrival_mark(std::uint64_t world_seq);
 

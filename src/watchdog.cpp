@@ -46,6 +46,7 @@ struct Board {
     std::vector<std::uint64_t*> slots;  // by node rank
     std::vector<int> world_ranks;       // node rank -> world rank
     std::atomic<bool> ready{false};
+    bool tried = false;
 };
 Board& board() {
     static auto* b = new Board;
@@ -95,7 +96,26 @@ void loop() {
     }
 }
 
-void shutdown_hook() { watchdog_shutdown(); }
+// Two hooks: stopping the thread is local; freeing the board is collective,
+// so it is registered where every rank registers it alike (board set-up).
+void stop_hook() {
+    auto& w = watch();
+    {
+        std::lock_guard lock(w.m);
+        w.stop = true;
+        w.active = false;
+    }
+    w.cv.notify_all();
+    if (w.thread.joinable()) w.thread.join();
+}
+
+void free_board_hook() {
+    auto& b = board();
+    if (b.ready.exchange(false)) {
+        MPI_Win_free(&b.win);
+        MPI_Comm_free(&b.node);
+    }
+}
 
 }  // namespace
 
@@ -105,7 +125,7 @@ void watchdog_arm(const CallInfo& info, std::uint64_t seq) {
     if (!w.thread.joinable()) {
         w.stop = false;
         w.thread = std::thread(loop);
-        register_finalize_hook(shutdown_hook);
+        register_finalize_hook(stop_hook);
     }
     w.info = info;
     w.seq = seq;
@@ -119,26 +139,11 @@ void watchdog_disarm() {
     w.active = false;
 }
 
-void watchdog_shutdown() {
-    auto& w = watch();
-    {
-        std::lock_guard lock(w.m);
-        w.stop = true;
-        w.active = false;
-    }
-    w.cv.notify_all();
-    if (w.thread.joinable()) w.thread.join();
-    auto& b = board();
-    if (b.ready.exchange(false)) {
-        MPI_Win_free(&b.win);
-        MPI_Comm_free(&b.node);
-    }
-}
-
 void arrival_mark(std::uint64_t world_seq) {
     constexpr const char* call = "mpiml watchdog";
     auto& b = board();
-    if (!b.ready.load()) {
+    if (!b.ready.load() && !b.tried) {
+        b.tried = true;  // once: a failed set-up is not retried (nor a collective again)
         // Collective over the world: every rank is entering the same call.
         check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &b.node),
                   call);
@@ -172,9 +177,10 @@ void arrival_mark(std::uint64_t world_seq) {
         MPI_Group_free(&gw);
         check_mpi(rc, call);
         b.ready.store(true);
-        register_finalize_hook(shutdown_hook);
+        register_finalize_hook(free_board_hook);
     }
-    std::atomic_ref<std::uint64_t>(*b.mine).store(world_seq);
+    if (b.ready.load(std::memory_order_relaxed))
+        std::atomic_ref<std::uint64_t>(*b.mine).store(world_seq, std::memory_order_relaxed);
 }
 
 }  // namespace mpiml::detail
