@@ -9,7 +9,10 @@
 #include <climits>
 #include <cmath>
 #include <cstdlib>
+#include <sstream>
 #include <string>
+
+#include <unistd.h>
 
 namespace mpiml::detail {
 namespace {
@@ -80,6 +83,23 @@ bool profile_clock_measure() {
     if (!v || *v == "auto") return false;
     if (*v == "measure") return true;
     bad("MPIML_PROFILE_CLOCK", *v, "must be auto or measure");
+}
+
+bool launched_by_mpi_fork() { return get("IN_MPI").has_value(); }
+
+LaunchConfig read_launch_config(const char* call) {
+    LaunchConfig c;
+    if (auto v = get("MPIML_MPIRUN")) c.launcher = *v;
+    if (auto v = get("MPIML_MPIRUN_FLAGS")) {
+        std::stringstream ss(*v);
+        for (std::string w; ss >> w;) c.extra_flags.push_back(w);
+    }
+    if (auto v = get("MPIML_HOSTFILE")) {
+        if (::access(v->c_str(), R_OK) != 0)
+            fail(call, "MPIML_HOSTFILE='" + *v + "' is not a readable file");
+        c.hostfile = *v;
+    }
+    return c;
 }
 
 EnvConfig read_env_config() {

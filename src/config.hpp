@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace mpiml::detail {
 
@@ -17,6 +18,18 @@ struct EnvConfig {
     std::string profile_dir;        // MPIML_PROFILE
     bool profile_clock_measure = false;  // MPIML_PROFILE_CLOCK=measure
 };
+
+/// mpi_fork's variables, read when it launches (before MPI starts, so not part
+/// of EnvConfig): MPIML_MPIRUN, MPIML_MPIRUN_FLAGS, MPIML_HOSTFILE.
+struct LaunchConfig {
+    std::string launcher;                  // MPIML_MPIRUN (empty: find one)
+    std::vector<std::string> extra_flags;  // MPIML_MPIRUN_FLAGS, split at blanks
+    std::string hostfile;                  // MPIML_HOSTFILE (checked readable)
+};
+/// Throws mpiml::Error naming `call` and the variable for a bad value.
+LaunchConfig read_launch_config(const char* call);
+/// IN_MPI is set: this process was started by mpi_fork.
+bool launched_by_mpi_fork();
 
 /// Reads every variable; throws mpiml::Error naming the first malformed one.
 EnvConfig read_env_config();

@@ -1,3 +1,4 @@
+#include "config.hpp"
 #include "internal.hpp"
 
 #include <mpiml/error.hpp>
@@ -153,14 +154,6 @@ std::string own_exe() {
     return std::string(buf.data(), static_cast<std::size_t>(n));
 }
 
-std::vector<std::string> split_words(const char* s) {
-    std::vector<std::string> out;
-    std::stringstream ss(s ? s : "");
-    std::string w;
-    while (ss >> w) out.push_back(w);
-    return out;
-}
-
 LauncherKind kind_of(const std::string& launcher, const std::vector<std::string>& env) {
     const std::string version = capture({launcher, "--version"}, env);
     if (version.find("Open MPI") != std::string::npos || version.find("OpenRTE") != std::string::npos)
@@ -196,63 +189,67 @@ constexpr const char* forked_vars[] = {"IN_MPI",               "OMP_NUM_THREADS"
                                        "MKL_NUM_THREADS",      "OPENBLAS_NUM_THREADS",
                                        "GOTO_NUM_THREADS",     "BLIS_NUM_THREADS"};
 
-LaunchPlan plan_fork(int n, bool bind_to_core) {
-    if (n < 1) fail(call_name, "n must be at least 1, got " + std::to_string(n));
-    LaunchPlan plan;
-    for (auto& kv : environ_now())
-        if (!is_runtime_var(kv)) plan.env.push_back(kv);
-    for (const char* name : forked_vars)
-        std::erase_if(plan.env, [&](const std::string& kv) { return env_name(kv) == name; });
-    plan.env.emplace_back("IN_MPI=1");
-    for (const char* name : thread_vars) plan.env.push_back(std::string(name) + "=1");
+namespace {
 
-    const char* override_launcher = std::getenv("MPIML_MPIRUN");
-    if (override_launcher && *override_launcher) {
-        plan.launcher = find_in_path(override_launcher);
+// This process's environment without the MPI runtime's variables, with
+// IN_MPI=1 and one thread per rank.
+std::vector<std::string> forked_env() {
+    std::vector<std::string> env;
+    for (auto& kv : environ_now())
+        if (!is_runtime_var(kv)) env.push_back(kv);
+    for (const char* name : forked_vars)
+        std::erase_if(env, [&](const std::string& kv) { return env_name(kv) == name; });
+    env.emplace_back("IN_MPI=1");
+    for (const char* name : thread_vars) env.push_back(std::string(name) + "=1");
+    return env;
+}
+
+// The launcher MPIML_MPIRUN names, or else the one of the MPI this program
+// is linked against: with several MPIs installed, `mpirun` may be another
+// MPI's launcher, whose ranks would each start alone as rank 0 of 1.
+void choose_launcher(LaunchPlan& plan, const LaunchConfig& cfg) {
+    if (!cfg.launcher.empty()) {
+        plan.launcher = find_in_path(cfg.launcher);
         if (plan.launcher.empty())
-            fail(call_name, std::string("MPIML_MPIRUN='") + override_launcher +
-                                "' is not an executable file");
+            fail(call_name, "MPIML_MPIRUN='" + cfg.launcher + "' is not an executable file");
         plan.kind = kind_of(plan.launcher, plan.env);
-    } else {
-        // With several MPIs installed, `mpirun` may be another MPI's launcher,
-        // whose ranks would each start alone as rank 0 of 1: prefer the
-        // launcher of the MPI this program is linked against.
-        const LauncherKind linked = linked_kind();
-        std::vector<const char*> names;
-        if (linked == LauncherKind::open_mpi) names = {"mpirun.openmpi", "mpiexec.openmpi"};
-        if (linked == LauncherKind::mpich) names = {"mpiexec.mpich", "mpirun.mpich", "mpiexec.hydra"};
-        names.insert(names.end(), {"mpirun", "mpiexec"});
-        std::string first;
-        LauncherKind first_kind = LauncherKind::unknown;
-        for (const char* name : names) {
-            const std::string path = find_in_path(name);
-            if (path.empty()) continue;
-            const LauncherKind k = kind_of(path, plan.env);
-            if (first.empty()) first = path, first_kind = k;
-            if (linked == LauncherKind::unknown || k == linked) {
-                plan.launcher = path;
-                plan.kind = k;
-                break;
-            }
-        }
-        if (plan.launcher.empty() && first.empty())
-            fail(call_name,
-                 "no MPI launcher found (mpirun or mpiexec on PATH): install openmpi-bin or "
-                 "mpich, or set MPIML_MPIRUN to the launcher's path");
-        if (plan.launcher.empty()) {
-            if (first_kind != LauncherKind::unknown)
-                fail(call_name, std::string("this program is linked against ") + kind_name(linked) +
-                                    " but the only launcher found, " + first + ", is " +
-                                    kind_name(first_kind) +
-                                    "'s (its ranks would each run alone); set MPIML_MPIRUN to " +
-                                    kind_name(linked) + "'s launcher");
-            plan.launcher = first;
-            plan.kind = first_kind;
+        return;
+    }
+    const LauncherKind linked = linked_kind();
+    std::vector<const char*> names;
+    if (linked == LauncherKind::open_mpi) names = {"mpirun.openmpi", "mpiexec.openmpi"};
+    if (linked == LauncherKind::mpich) names = {"mpiexec.mpich", "mpirun.mpich", "mpiexec.hydra"};
+    names.insert(names.end(), {"mpirun", "mpiexec"});
+    std::string first;
+    LauncherKind first_kind = LauncherKind::unknown;
+    for (const char* name : names) {
+        const std::string path = find_in_path(name);
+        if (path.empty()) continue;
+        const LauncherKind k = kind_of(path, plan.env);
+        if (first.empty()) first = path, first_kind = k;
+        if (linked == LauncherKind::unknown || k == linked) {
+            plan.launcher = path;
+            plan.kind = k;
+            return;
         }
     }
+    if (first.empty())
+        fail(call_name,
+             "no MPI launcher found (mpirun or mpiexec on PATH): install openmpi-bin or "
+             "mpich, or set MPIML_MPIRUN to the launcher's path");
+    if (first_kind != LauncherKind::unknown)
+        fail(call_name, std::string("this program is linked against ") + kind_name(linked) +
+                            " but the only launcher found, " + first + ", is " +
+                            kind_name(first_kind) +
+                            "'s (its ranks would each run alone); set MPIML_MPIRUN to " +
+                            kind_name(linked) + "'s launcher");
+    plan.launcher = first;
+    plan.kind = first_kind;
+}
 
+// The launcher's own options for n ranks.
+void launcher_options(LaunchPlan& plan, int n, bool bind_to_core, const LaunchConfig& cfg) {
     auto& a = plan.argv;
-    a.push_back(plan.launcher);
     const bool oversubscribed = n > available_cores();
     switch (plan.kind) {
         case LauncherKind::open_mpi:
@@ -272,15 +269,25 @@ LaunchPlan plan_fork(int n, bool bind_to_core) {
             break;
     }
     // MPIML_HOSTFILE: ranks go to the hosts it lists (Open MPI --hostfile, MPICH -f).
-    if (const char* hf = std::getenv("MPIML_HOSTFILE"); hf && *hf) {
-        if (::access(hf, R_OK) != 0)
-            fail(call_name, std::string("MPIML_HOSTFILE='") + hf + "' is not a readable file");
-        a.insert(a.end(), {plan.kind == LauncherKind::mpich ? "-f" : "--hostfile", hf});
-    }
-    for (auto& w : split_words(std::getenv("MPIML_MPIRUN_FLAGS"))) a.push_back(w);
-    a.push_back(own_exe());
+    if (!cfg.hostfile.empty())
+        a.insert(a.end(), {plan.kind == LauncherKind::mpich ? "-f" : "--hostfile", cfg.hostfile});
+    a.insert(a.end(), cfg.extra_flags.begin(), cfg.extra_flags.end());
+}
+
+}  // namespace
+
+LaunchPlan plan_fork(int n, bool bind_to_core) {
+    if (n < 1) fail(call_name, "n must be at least 1, got " + std::to_string(n));
+    const LaunchConfig cfg = read_launch_config(call_name);
+    LaunchPlan plan;
+    plan.env = forked_env();
+    choose_launcher(plan, cfg);
+    plan.argv.push_back(plan.launcher);
+    launcher_options(plan, n, bind_to_core, cfg);
+    // The program itself, argv byte for byte.
+    plan.argv.push_back(own_exe());
     const auto args = own_argv();
-    for (std::size_t i = 1; i < args.size(); ++i) a.push_back(args[i]);
+    plan.argv.insert(plan.argv.end(), args.begin() + (args.empty() ? 0 : 1), args.end());
     return plan;
 }
 
@@ -289,7 +296,7 @@ LaunchPlan plan_fork(int n, bool bind_to_core) {
 void mpi_fork(int n, bool bind_to_core) {
     if (n < 0) detail::fail("mpiml::mpi_fork", "n must be >= 0, got " + std::to_string(n));
     if (n <= 1) return;
-    if (const char* v = std::getenv("IN_MPI"); v && *v) return;
+    if (detail::launched_by_mpi_fork()) return;
     auto plan = detail::plan_fork(n, bind_to_core);
     // The ranks write the profile; this process must not overwrite it at exit.
     detail::profile_discard();
