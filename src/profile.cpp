@@ -710,6 +710,130 @@ void all_succeeded(const std::string& error, MPI_Comm comm, const char* call) {
     if (bad) fail(call, "failed on another rank");
 }
 
+// What profile_stop writes with: this rank's place and the aligned clock.
+struct Output {
+    std::string dir;
+    MPI_Comm comm;
+    int rank, size;
+    ClockMap map;
+    std::int64_t origin;  // the timeline's zero, on the aligned clock
+    double wall;          // seconds, earliest start to latest stop
+    bool waits;           // wait times measured
+    int main_tid;
+};
+
+// Every thread's recorded events, moved out of the live buffers and sorted.
+std::vector<ThreadEvents> take_events(Profiler& p, std::string& dir) {
+    std::vector<ThreadEvents> threads;
+    {
+        std::lock_guard lock(p.m);
+        dir = p.dir;
+        for (auto& t : p.threads) {
+            std::lock_guard tl(t->m);
+            if (t->events.size() == 0 && t->tid != p.main_tid) continue;
+            ThreadEvents te;
+            te.tid = t->tid;
+            te.events.resize(t->events.size());
+            for (std::size_t i = 0; i < te.events.size(); ++i) te.events[i] = t->events[i];
+            te.colls.resize(t->colls.size());
+            for (std::size_t i = 0; i < te.colls.size(); ++i) te.colls[i] = t->colls[i];
+            t->events.clear();
+            t->colls.clear();
+            threads.push_back(std::move(te));
+        }
+    }
+    for (auto& t : threads) std::sort(t.events.begin(), t.events.end(), before);
+    return threads;
+}
+
+// dir/profile_<rank>.json; returns an error text or "".
+std::string write_rank_file(const Output& o, const std::vector<ThreadEvents>& threads,
+                            bool from_env) {
+    const std::string path = o.dir + "/profile_" + std::to_string(o.rank) + ".json";
+    char other[512];
+    std::snprintf(other, sizeof other,
+                  "\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"rank\":%d,\"ranks\":%d,"
+                  "\"wall_s\":%.9f,\"clock\":{\"offset_ns\":%.0f,\"measured_offset_ns\":%.0f,"
+                  "\"rtt_ns\":%lld,\"same_host_as_rank_0\":%s},\"wait_times\":\"%s\","
+                  "\"started_by\":\"%s\"}}\n",
+                  o.rank, o.size, o.wall, o.map.c1.offset, o.map.c1.measured,
+                  static_cast<long long>(o.map.c1.rtt), o.map.c1.same_host ? "true" : "false",
+                  o.waits ? "measured" : "omitted: ranks issued different numbers of collectives",
+                  from_env ? "MPIML_PROFILE" : "profile_start");
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << "{\"traceEvents\":[\n";
+    Chunker ch([&](const std::string& text) { f << text; });
+    events_json(ch, o.rank, o.main_tid, threads, o.map, o.origin);
+    f << other;
+    f.close();
+    return f ? "" : "cannot write '" + path + "'";
+}
+
+// The merged timeline, streamed rank by rank into rank 0's dir/timeline.json.
+std::string write_timeline(const Output& o, const std::vector<ThreadEvents>& threads) {
+    if (o.rank != 0) {
+        Chunker ch([&](const std::string& text) { send_chunk(text, o.comm); });
+        events_json(ch, o.rank, o.main_tid, threads, o.map, o.origin);
+        send_chunk("", o.comm);
+        return "";
+    }
+    std::ofstream f(o.dir + "/timeline.json", std::ios::binary | std::ios::trunc);
+    f << "{\"traceEvents\":[\n";
+    Chunker ch([&](const std::string& text) { f << text; });
+    events_json(ch, o.rank, o.main_tid, threads, o.map, o.origin);
+    for (int r = 1; r < o.size; ++r) {
+        f << ",\n";
+        recv_text(r, f, o.comm);
+    }
+    char other[256];
+    std::snprintf(other, sizeof other,
+                  "\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"ranks\":%d,"
+                  "\"wall_s\":%.9f,\"clocks\":\"aligned to rank 0\"}}\n",
+                  o.size, o.wall);
+    f << other;
+    f.close();
+    return f ? "" : "cannot write '" + o.dir + "/timeline.json'";
+}
+
+// Every rank's totals to rank 0, which prints the table and writes
+// summary.csv and summary.json.
+std::string write_summary(const Output& o, const std::vector<ThreadEvents>& threads,
+                          std::int64_t stop) {
+    constexpr const char* call = "mpiml::profile_stop";
+    const std::string mine = pack(aggregate(threads));
+    int n = static_cast<int>(mine.size());
+    std::vector<int> counts(static_cast<std::size_t>(o.size)), displs(static_cast<std::size_t>(o.size));
+    check_mpi(MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, o.comm), call);
+    std::string all;
+    if (o.rank == 0) {
+        long long total = 0;
+        for (int r = 0; r < o.size; ++r) {
+            displs[r] = static_cast<int>(total);
+            total += counts[r];
+        }
+        all.resize(static_cast<std::size_t>(total));
+    }
+    check_mpi(MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), counts.data(), displs.data(),
+                          MPI_CHAR, 0, o.comm),
+              call);
+    if (o.rank != 0) return "";
+    std::map<AggKey, std::vector<Agg>> rows;
+    for (int r = 0; r < o.size; ++r)
+        unpack(all.data() + displs[r], all.data() + displs[r] + counts[r], r, o.size, rows);
+    const auto table = summarize(rows, o.size, o.wall);
+    std::string text = summary_table(table, o.size, o.wall, o.dir);
+    text += "; written in " + fmt("%.3f", static_cast<double>(profile_now() - stop) * 1e-9) +
+            " s\n";
+    if (!o.waits)
+        text += "note: ranks issued different numbers of collectives on MPI_COMM_WORLD; "
+                "wait times are not measured\n";
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
+    std::string e = write_file(o.dir + "/summary.csv", "", summary_csv(table), "");
+    if (e.empty()) e = write_file(o.dir + "/summary.json", "", summary_json(table, o.size, o.wall), "");
+    return e;
+}
+
 }  // namespace
 
 const char* profile_intern(const std::string& name) {
@@ -813,27 +937,8 @@ void profile_stop() {
     profile_generation.fetch_add(1);
     if (is_finalized()) fail(call, "MPI is finalized; the profile cannot be written");
     auto& p = prof();
-
-    std::vector<ThreadEvents> threads;
     std::string dir;
-    {
-        std::lock_guard lock(p.m);
-        dir = p.dir;
-        for (auto& t : p.threads) {
-            std::lock_guard tl(t->m);
-            if (t->events.size() == 0 && t->tid != p.main_tid) continue;
-            ThreadEvents te;
-            te.tid = t->tid;
-            te.events.resize(t->events.size());
-            for (std::size_t i = 0; i < te.events.size(); ++i) te.events[i] = t->events[i];
-            te.colls.resize(t->colls.size());
-            for (std::size_t i = 0; i < te.colls.size(); ++i) te.colls[i] = t->colls[i];
-            t->events.clear();
-            t->colls.clear();
-            threads.push_back(std::move(te));
-        }
-    }
-    for (auto& t : threads) std::sort(t.events.begin(), t.events.end(), before);
+    std::vector<ThreadEvents> threads = take_events(p, dir);
 
     MPI_Comm comm = MPI_COMM_NULL;
     check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm), call);
@@ -841,99 +946,20 @@ void profile_stop() {
         MPI_Comm* c;
         ~FreeComm() { MPI_Comm_free(c); }
     } free_comm{&comm};
-    int rank = 0, size = 0;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
-
-    ClockMap map{p.clock0, sync_clocks(comm, call)};
+    Output out{dir, comm, 0, 0, {p.clock0, sync_clocks(comm, call)}, 0, 0.0, false, p.main_tid};
+    MPI_Comm_rank(comm, &out.rank);
+    MPI_Comm_size(comm, &out.size);
     // Origin of the timeline: the earliest start; wall: to the latest stop.
-    std::int64_t span[2] = {-map(p.start), map(stop)};
+    std::int64_t span[2] = {-out.map(p.start), out.map(stop)};
     check_mpi(MPI_Allreduce(MPI_IN_PLACE, span, 2, MPI_INT64_T, MPI_MAX, comm), call);
-    const std::int64_t origin = -span[0];
-    const double wall = static_cast<double>(span[1] - origin) * 1e-9;
+    out.origin = -span[0];
+    out.wall = static_cast<double>(span[1] - out.origin) * 1e-9;
+    out.waits = measure_waits(threads, out.map, comm, out.rank);
 
-    const bool waits = measure_waits(threads, map, comm, rank);
-
-    // This rank's file.
     std::string error = make_dir(dir);
-    const std::string rank_path = dir + "/profile_" + std::to_string(rank) + ".json";
-    char other[512];
-    std::snprintf(other, sizeof other,
-                  "\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"rank\":%d,\"ranks\":%d,"
-                  "\"wall_s\":%.9f,\"clock\":{\"offset_ns\":%.0f,\"measured_offset_ns\":%.0f,"
-                  "\"rtt_ns\":%lld,\"same_host_as_rank_0\":%s},\"wait_times\":\"%s\","
-                  "\"started_by\":\"%s\"}}\n",
-                  rank, size, wall, map.c1.offset, map.c1.measured,
-                  static_cast<long long>(map.c1.rtt), map.c1.same_host ? "true" : "false",
-                  waits ? "measured" : "omitted: ranks issued different numbers of collectives",
-                  p.from_env ? "MPIML_PROFILE" : "profile_start");
-    if (error.empty()) {
-        std::ofstream f(rank_path, std::ios::binary | std::ios::trunc);
-        f << "{\"traceEvents\":[\n";
-        Chunker ch([&](const std::string& text) { f << text; });
-        events_json(ch, rank, p.main_tid, threads, map, origin);
-        f << other;
-        f.close();
-        if (!f) error = "cannot write '" + rank_path + "'";
-    }
-
-    // The merged timeline, streamed rank by rank into rank 0's file.
-    if (rank == 0) {
-        std::ofstream f(dir + "/timeline.json", std::ios::binary | std::ios::trunc);
-        f << "{\"traceEvents\":[\n";
-        Chunker ch([&](const std::string& text) { f << text; });
-        events_json(ch, rank, p.main_tid, threads, map, origin);
-        for (int r = 1; r < size; ++r) {
-            f << ",\n";
-            recv_text(r, f, comm);
-        }
-        std::snprintf(other, sizeof other,
-                      "\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":{\"ranks\":%d,"
-                      "\"wall_s\":%.9f,\"clocks\":\"aligned to rank 0\"}}\n",
-                      size, wall);
-        f << other;
-        f.close();
-        if (!f && error.empty()) error = "cannot write '" + dir + "/timeline.json'";
-    } else {
-        Chunker ch([&](const std::string& text) { send_chunk(text, comm); });
-        events_json(ch, rank, p.main_tid, threads, map, origin);
-        send_chunk("", comm);
-    }
-
-    // Summary: every rank's totals to rank 0.
-    const std::string mine = pack(aggregate(threads));
-    int n = static_cast<int>(mine.size());
-    std::vector<int> counts(static_cast<std::size_t>(size)), displs(static_cast<std::size_t>(size));
-    check_mpi(MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm), call);
-    std::string all;
-    if (rank == 0) {
-        long long total = 0;
-        for (int r = 0; r < size; ++r) {
-            displs[r] = static_cast<int>(total);
-            total += counts[r];
-        }
-        all.resize(static_cast<std::size_t>(total));
-    }
-    check_mpi(MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), counts.data(), displs.data(),
-                          MPI_CHAR, 0, comm),
-              call);
-    if (rank == 0) {
-        std::map<AggKey, std::vector<Agg>> rows;
-        for (int r = 0; r < size; ++r)
-            unpack(all.data() + displs[r], all.data() + displs[r] + counts[r], r, size, rows);
-        const auto table = summarize(rows, size, wall);
-        std::string text = summary_table(table, size, wall, dir);
-        text += "; written in " + fmt("%.3f", static_cast<double>(profile_now() - stop) * 1e-9) +
-                " s\n";
-        if (!waits)
-            text += "note: ranks issued different numbers of collectives on MPI_COMM_WORLD; "
-                    "wait times are not measured\n";
-        std::fputs(text.c_str(), stdout);
-        std::fflush(stdout);
-        std::string e = write_file(dir + "/summary.csv", "", summary_csv(table), "");
-        if (e.empty()) e = write_file(dir + "/summary.json", "", summary_json(table, size, wall), "");
-        if (error.empty()) error = e;
-    }
+    if (error.empty()) error = write_rank_file(out, threads, p.from_env);
+    if (const std::string e = write_timeline(out, threads); error.empty()) error = e;
+    if (const std::string e = write_summary(out, threads, stop); error.empty()) error = e;
     all_succeeded(error, comm, call);
 }
 
