@@ -66,6 +66,14 @@ if [ -x /usr/bin/mpirun.openmpi ] && [ -x /usr/bin/mpiexec.mpich ]; then
   out=$(/usr/bin/env -u MPIML_MPIRUN PATH="$tmp/other" /usr/bin/timeout 30 "$prog" 2 "$tmp/x" 0 2>&1); rc=$?
   [ $rc -eq 3 ] && grep -q "linked against .* but the only launcher found" <<<"$out" || fail "other MPI's launcher only: rc=$rc out=$out"
 fi
+out=$(MPIML_HOSTFILE=/nonexistent/hosts timeout 30 "$prog" 2 "$tmp/x" 0 2>&1); rc=$?
+[ $rc -eq 3 ] && grep -q "MPIML_HOSTFILE='/nonexistent/hosts' is not a readable file" <<<"$out" || fail "bad MPIML_HOSTFILE: rc=$rc out=$out"
+# MPIML_MPIRUN_FLAGS reach the launcher: a flag it rejects fails the launch.
+if "${MPIML_MPIRUN:-mpirun}" --version 2>&1 | grep -Eq "Open MPI|OpenRTE"; then
+  MPIML_MPIRUN_FLAGS="--report-bindings  -x MPIML_FLAG_SEEN=1" check_case extra_flags 2 0 a
+  out=$(MPIML_MPIRUN_FLAGS="--no-such-mpirun-flag" timeout 30 "$prog" 2 "$tmp/x" 0 2>&1); rc=$?
+  [ $rc -ne 0 ] || fail "MPIML_MPIRUN_FLAGS not passed to the launcher: rc=$rc out=$out"
+fi
 out=$(timeout 30 "$prog" -1 "$tmp/x" 0 2>&1); rc=$?
 [ $rc -eq 3 ] && grep -q "n must be" <<<"$out" || fail "n=-1: rc=$rc out=$out"
 
