@@ -271,6 +271,11 @@ std::uint64_t hash_desc(const std::string& d) {
 /// root >= 0), in one small allreduce. On a mismatch, exchanges details and
 /// throws the same mpiml::Error on every rank, naming the first differing
 /// entry and the ranks that differ from the reference rank.
+[[noreturn]] void report_mismatch(const std::vector<std::uint64_t>& hashes,
+                                  const std::function<std::string(std::size_t)>& desc_of,
+                                  const std::int64_t (&header)[2], int root, MPI_Comm comm,
+                                  const char* call);
+
 void verify_same(const std::vector<std::uint64_t>& hashes,
                  const std::function<std::string(std::size_t)>& desc_of, int root, MPI_Comm comm,
                  const char* call) {
@@ -279,8 +284,31 @@ void verify_same(const std::vector<std::uint64_t>& hashes,
     h = fnv1a(header, sizeof header, h);
     for (const std::uint64_t dh : hashes) h = fnv1a(&dh, sizeof dh, h);
     if (detail::agree(reinterpret_cast<const std::int64_t*>(&h), 1, comm, call)) return;
+    report_mismatch(hashes, desc_of, header, root, comm, call);
+}
 
-    // Slow path, only on a mismatch: every rank learns every rank's details.
+/// Every rank's description of entry `i` (padded exchange), by rank.
+std::vector<std::string> gather_descriptions(const std::string& own, MPI_Comm comm,
+                                             const char* call) {
+    const auto usize = static_cast<std::size_t>(num_procs(comm));
+    const std::uint64_t len = own.size();
+    std::vector<std::uint64_t> lens(usize);
+    detail::allgather(&len, lens.data(), 1, MPI_UINT64_T, comm, call);
+    const std::size_t width = *std::max_element(lens.begin(), lens.end());
+    std::string padded = own;
+    padded.resize(width, '\0');
+    std::string texts(width * usize, '\0');
+    detail::allgather(padded.data(), texts.data(), width, MPI_CHAR, comm, call);
+    std::vector<std::string> has(usize);
+    for (std::size_t r = 0; r < usize; ++r) has[r] = texts.substr(r * width, lens[r]);
+    return has;
+}
+
+/// The slow path, only on a mismatch: every rank learns every rank's details
+/// and throws the same error.
+void report_mismatch(const std::vector<std::uint64_t>& hashes,
+                     const std::function<std::string(std::size_t)>& desc_of,
+                     const std::int64_t (&header)[2], int root, MPI_Comm comm, const char* call) {
     const int size = num_procs(comm);
     const auto usize = static_cast<std::size_t>(size);
     std::vector<std::int64_t> heads(2 * usize);
@@ -312,23 +340,10 @@ void verify_same(const std::vector<std::uint64_t>& hashes,
             }
     if (first == most) detail::fail(call, "modules differ across ranks (hash mismatch)");
 
-    // Every rank's description of entry `first`, padded to the longest.
-    const std::string own = first < hashes.size()
-                                ? desc_of(first)
-                                : "nothing (only " + std::to_string(hashes.size()) +
-                                      " parameters and buffers)";
-    const std::uint64_t len = own.size();
-    std::vector<std::uint64_t> lens(usize);
-    detail::allgather(&len, lens.data(), 1, MPI_UINT64_T, comm, call);
-    const std::size_t width = *std::max_element(lens.begin(), lens.end());
-    std::string padded = own;
-    padded.resize(width, '\0');
-    std::string texts(width * usize, '\0');
-    detail::allgather(padded.data(), texts.data(), width, MPI_CHAR, comm, call);
-    auto text_of = [&](int r) { return texts.substr(r * width, lens[r]); };
-
-    std::vector<std::string> has(usize);
-    for (int r = 0; r < size; ++r) has[r] = text_of(r);
+    const std::vector<std::string> has = gather_descriptions(
+        first < hashes.size() ? desc_of(first)
+                              : "nothing (only " + std::to_string(hashes.size()) + " parameters and buffers)",
+        comm, call);
     std::vector<int> differ;
     for (int r = 0; r < size; ++r)
         if (has[r] != has[ref]) differ.push_back(r);
@@ -915,103 +930,121 @@ void plan_packed(GradState& st, const std::vector<Eligible>& ps, const AvgGradsO
         if (!b.direct) st.largest_fused = std::max(st.largest_fused, (b.payload + b.flags) * b.wire.size);
 }
 
+/// The first local failure of a step, thrown after its collectives ran (so a
+/// bad gradient on one rank never leaves the others waiting).
+struct Deferred {
+    std::string what;
+    void operator()(const std::exception& ex) {
+        if (what.empty()) what = ex.what();
+    }
+};
+
+/// Where mpiml's allreduce takes the shared-memory path anyway, fused buckets
+/// are packed straight into a shared bucket: no copy into the shared segment
+/// and back. Every rank decides alike (same plan, same comm). Else nullptr.
+std::byte* fused_segment(GradState& st, MPI_Comm comm) {
+    const std::size_t bytes = st.largest_fused;
+    if (bytes == 0 || !shm::takes_shared_path(bytes, Comm(comm))) return nullptr;
+    if (!st.shared || st.shared_comm != comm || st.shared->size_bytes() < bytes) {
+        st.shared.reset();
+        st.shared = std::make_unique<SharedBucket>(bytes, Comm(comm));
+        st.shared_comm = comm;
+    }
+    return static_cast<std::byte*>(st.shared->data());
+}
+
+/// A direct bucket: one large gradient, averaged in place when plain,
+/// else staged through buf.
+void run_direct(GradEntry& e, const Bucket& b, std::byte* buf, MPI_Comm comm, int size,
+                const char* call, Deferred& defer) {
+    at::Tensor& g = e.param.mutable_grad();
+    if (g.defined() && plain(g, e.param.scalar_type()) &&
+        g.numel() == static_cast<std::int64_t>(e.numel)) {
+        detail::allreduce(MPI_IN_PLACE, g.data_ptr(), e.numel, b.wire.mpi, b.wire.cls, Op::sum,
+                          comm, call);
+        average_in_place(g.scalar_type(), g.data_ptr(), e.numel, size);
+        bump_version(g);
+        return;
+    }
+    try {  // staged: undefined, strided, sparse or elsewhere
+        pack_grad(e, buf);
+    } catch (const std::exception& ex) {
+        defer(ex);
+        std::memset(buf, 0, e.numel * b.wire.size);
+    }
+    detail::allreduce(MPI_IN_PLACE, buf, e.numel, b.wire.mpi, b.wire.cls, Op::sum, comm, call);
+    try {
+        unpack_grad(e, buf, size);
+    } catch (const std::exception& ex) {
+        defer(ex);
+    }
+}
+
+/// A fused bucket: its gradients packed at base, one defined-flag per entry
+/// after them (and, in the carrier bucket, the direct buckets' flags), one
+/// allreduce, unpacked where some rank had a gradient.
+void run_fused(GradState& st, const Bucket& b, std::byte* base, bool shared, MPI_Comm comm,
+               int size, const char* call, Deferred& defer) {
+    const std::size_t es = b.wire.size;
+    const auto& direct_entry = [&](std::size_t d) -> GradEntry& {
+        return st.entries[st.order[st.buckets[st.direct[d]].first]];
+    };
+    std::byte* flags = base + b.payload * es;
+    std::size_t off = 0;
+    for (std::size_t k = 0; k < b.entries; ++k) {
+        const GradEntry& e = st.entries[st.order[b.first + k]];
+        try {
+            pack_grad(e, base + off * es);
+        } catch (const std::exception& ex) {
+            defer(ex);
+            std::memset(base + off * es, 0, e.numel * es);
+        }
+        set_flag(b.wire, flags + k * es, e.defined_here);
+        off += e.numel;
+    }
+    const bool carrier = b.flags > b.entries;
+    if (carrier)
+        for (std::size_t d = 0; d < st.direct.size(); ++d)
+            set_flag(b.wire, flags + (b.entries + d) * es, direct_entry(d).defined_here);
+    if (shared)
+        st.shared->allreduce(b.payload + b.flags, b.wire.mpi, b.wire.cls, Op::sum);
+    else
+        detail::allreduce(MPI_IN_PLACE, base, b.payload + b.flags, b.wire.mpi, b.wire.cls, Op::sum,
+                          comm, call);
+    off = 0;
+    for (std::size_t k = 0; k < b.entries; ++k) {
+        const GradEntry& e = st.entries[st.order[b.first + k]];
+        // Undefined on every rank: stays undefined, as in one process.
+        if (flag_value(b.wire, flags + k * es) != 0.0) {
+            try {
+                unpack_grad(e, base + off * es, size);
+            } catch (const std::exception& ex) {
+                defer(ex);
+            }
+        }
+        off += e.numel;
+    }
+    if (carrier)
+        for (std::size_t d = 0; d < st.direct.size(); ++d)
+            st.direct_any[d] = flag_value(b.wire, flags + (b.entries + d) * es) != 0.0;
+}
+
 /// Averages the planned entries' gradients.
 void run_packed(GradState& st, MPI_Comm comm, int size, const char* call) {
     if (st.buckets.empty()) return;
     for (GradEntry& e : st.entries) e.defined_here = e.param.grad().defined();
     auto* buf = static_cast<std::byte*>(st.scratch.get(st.largest));
     st.direct_any.assign(st.direct.size(), 1);
-    // Where mpiml's allreduce takes the shared-memory path anyway, fused
-    // buckets are packed straight into a shared bucket: no copy into the
-    // shared segment and back. Every rank decides alike (same plan, same comm).
-    const std::size_t largest_fused = st.largest_fused;
-    std::byte* fused = nullptr;
-    if (largest_fused > 0 && shm::takes_shared_path(largest_fused, Comm(comm))) {
-        if (!st.shared || st.shared_comm != comm || st.shared->size_bytes() < largest_fused) {
-            st.shared.reset();
-            st.shared = std::make_unique<SharedBucket>(largest_fused, Comm(comm));
-            st.shared_comm = comm;
-        }
-        fused = static_cast<std::byte*>(st.shared->data());
-    }
-
-    torch::NoGradGuard no_grad;
-    std::string deferred;  // a local failure, thrown after the collectives
-    auto defer = [&](const std::exception& ex) {
-        if (deferred.empty()) deferred = ex.what();
-    };
+    std::byte* fused = fused_segment(st, comm);
     const auto& direct_entry = [&](std::size_t d) -> GradEntry& {
         return st.entries[st.order[st.buckets[st.direct[d]].first]];
     };
 
+    torch::NoGradGuard no_grad;
+    Deferred defer;
     for (const Bucket& b : st.buckets) {
-        const std::size_t es = b.wire.size;
-        if (b.direct) {
-            GradEntry& e = st.entries[st.order[b.first]];
-            at::Tensor& g = e.param.mutable_grad();
-            if (g.defined() && plain(g, e.param.scalar_type()) &&
-                g.numel() == static_cast<std::int64_t>(e.numel)) {
-                detail::allreduce(MPI_IN_PLACE, g.data_ptr(), e.numel, b.wire.mpi, b.wire.cls,
-                                  Op::sum, comm, call);
-                average_in_place(g.scalar_type(), g.data_ptr(), e.numel, size);
-                bump_version(g);
-                continue;
-            }
-            try {  // staged: undefined, strided, sparse or elsewhere
-                pack_grad(e, buf);
-            } catch (const std::exception& ex) {
-                defer(ex);
-                std::memset(buf, 0, e.numel * es);
-            }
-            detail::allreduce(MPI_IN_PLACE, buf, e.numel, b.wire.mpi, b.wire.cls, Op::sum, comm,
-                              call);
-            try {
-                unpack_grad(e, buf, size);
-            } catch (const std::exception& ex) {
-                defer(ex);
-            }
-            continue;
-        }
-
-        std::byte* base = fused ? fused : buf;
-        std::byte* flags = base + b.payload * es;
-        std::size_t off = 0;
-        for (std::size_t k = 0; k < b.entries; ++k) {
-            const GradEntry& e = st.entries[st.order[b.first + k]];
-            try {
-                pack_grad(e, base + off * es);
-            } catch (const std::exception& ex) {
-                defer(ex);
-                std::memset(base + off * es, 0, e.numel * es);
-            }
-            set_flag(b.wire, flags + k * es, e.defined_here);
-            off += e.numel;
-        }
-        const bool carrier = b.flags > b.entries;
-        if (carrier)
-            for (std::size_t d = 0; d < st.direct.size(); ++d)
-                set_flag(b.wire, flags + (b.entries + d) * es, direct_entry(d).defined_here);
-        if (fused)
-            st.shared->allreduce(b.payload + b.flags, b.wire.mpi, b.wire.cls, Op::sum);
-        else
-            detail::allreduce(MPI_IN_PLACE, base, b.payload + b.flags, b.wire.mpi, b.wire.cls,
-                              Op::sum, comm, call);
-        off = 0;
-        for (std::size_t k = 0; k < b.entries; ++k) {
-            const GradEntry& e = st.entries[st.order[b.first + k]];
-            // Undefined on every rank: stays undefined, as in one process.
-            if (flag_value(b.wire, flags + k * es) != 0.0) {
-                try {
-                    unpack_grad(e, base + off * es, size);
-                } catch (const std::exception& ex) {
-                    defer(ex);
-                }
-            }
-            off += e.numel;
-        }
-        if (carrier)
-            for (std::size_t d = 0; d < st.direct.size(); ++d)
-                st.direct_any[d] = flag_value(b.wire, flags + (b.entries + d) * es) != 0.0;
+        if (b.direct) run_direct(st.entries[st.order[b.first]], b, buf, comm, size, call, defer);
+        else run_fused(st, b, fused ? fused : buf, fused != nullptr, comm, size, call, defer);
     }
     const bool any_fused = st.buckets.size() > st.direct.size();
     if (!any_fused && !st.direct.empty()) {  // direct flags on their own
@@ -1025,7 +1058,7 @@ void run_packed(GradState& st, MPI_Comm comm, int size, const char* call) {
     // A direct gradient undefined on every rank was created here as zeros.
     for (std::size_t d = 0; d < st.direct.size(); ++d)
         if (!st.direct_any[d]) direct_entry(d).param.mutable_grad().reset();
-    if (!deferred.empty()) detail::fail(call, deferred);
+    if (!defer.what.empty()) detail::fail(call, defer.what);
 }
 
 /// The free function's packed plans, one per list of (dtype, size): two
