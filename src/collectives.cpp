@@ -1,5 +1,9 @@
 // The type-erased collective core: every mpiml collective goes through here.
-#include "internal.hpp"
+#include "agreement.hpp"
+#include "call.hpp"
+#include "profile_hooks.hpp"
+#include "state.hpp"
+#include "watchdog.hpp"
 #include "shm.hpp"
 
 #include <mpiml/collectives.hpp>

@@ -1,7 +1,8 @@
 #include <mpiml/datatype.hpp>
 #include <mpiml/error.hpp>
 
-#include "internal.hpp"
+#include "agreement.hpp"
+#include "state.hpp"
 
 #include <mpi.h>
 

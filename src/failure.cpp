@@ -1,5 +1,5 @@
 // Abort on failure: print one clear line, then MPI_Abort the whole job.
-#include "internal.hpp"
+#include "state.hpp"
 
 #include <mpiml/failure.hpp>
 #include <mpiml/session.hpp>

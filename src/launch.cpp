@@ -1,5 +1,6 @@
 #include "config.hpp"
-#include "internal.hpp"
+#include "profile_hooks.hpp"
+#include "state.hpp"
 
 #include <mpiml/error.hpp>
 #include <mpiml/launch.hpp>

@@ -7,7 +7,7 @@
 // pair is probed once per process with MPI_Reduce_local on values that expose
 // these faults; a wrong answer switches that pair to a user-defined MPI_Op
 // with the C++ semantics (wrap-around, unsigned order).
-#include "internal.hpp"
+#include "state.hpp"
 
 #include <mpiml/collectives.hpp>
 

@@ -1,5 +1,6 @@
 #include "config.hpp"
-#include "internal.hpp"
+#include "profile_hooks.hpp"
+#include "state.hpp"
 
 #include <mpiml/failure.hpp>
 #include <mpiml/session.hpp>

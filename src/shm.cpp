@@ -19,7 +19,9 @@
 #include "shm.hpp"
 
 #include "config.hpp"
-#include "internal.hpp"
+#include "agreement.hpp"
+#include "call.hpp"
+#include "state.hpp"
 
 #include <mpiml/error.hpp>
 #include <mpiml/shm.hpp>

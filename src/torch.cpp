@@ -8,7 +8,8 @@
 // float16 and bfloat16 travel and are summed as float32, then converted back.
 #include <mpiml/torch.hpp>
 
-#include "internal.hpp"
+#include "agreement.hpp"
+#include "state.hpp"
 
 #include <mpiml/collectives.hpp>
 #include <mpiml/error.hpp>
