@@ -3,6 +3,7 @@
 #include "call.hpp"
 #include "profile_hooks.hpp"
 #include "state.hpp"
+#include "types.hpp"
 #include "watchdog.hpp"
 #include "shm.hpp"
 
@@ -18,24 +19,13 @@
 namespace mpiml {
 
 ReduceOp::ReduceOp(Op op) : known_(op) {
-    static const MPI_Op table[] = {MPI_SUM, MPI_PROD, MPI_MIN,  MPI_MAX, MPI_LAND,
-                                   MPI_LOR, MPI_LXOR, MPI_BAND, MPI_BOR, MPI_BXOR};
-    const auto i = static_cast<std::size_t>(op);
-    if (i >= std::size(table)) detail::fail("mpiml::ReduceOp", "invalid mpiml::Op value");
-    native_ = table[i];
+    native_ = detail::native_op(op);
+    if (native_ == MPI_OP_NULL) detail::fail("mpiml::ReduceOp", "invalid mpiml::Op value");
 }
 
 ReduceOp::ReduceOp(MPI_Op op) : native_(op) {
-    const Op all[] = {Op::sum, Op::prod, Op::min,  Op::max, Op::land,
-                      Op::lor, Op::lxor, Op::band, Op::bor, Op::bxor};
-    for (Op o : all)
-        if (ReduceOp(o).native() == op) known_ = o;
-}
-
-const char* op_name(Op op) {
-    static const char* names[] = {"sum", "prod", "min", "max", "land", "lor", "lxor", "band",
-                                  "bor", "bxor"};
-    return names[static_cast<int>(op)];
+    for (Op o : detail::all_ops)
+        if (detail::native_op(o) == op) known_ = o;
 }
 
 const char* ReduceOp::name() const {
@@ -49,48 +39,22 @@ namespace {
 void check_op(const ReduceOp& op, TypeClass cls, MPI_Datatype type, const char* call) {
     if (op.native() == MPI_OP_NULL) fail(call, "operation is MPI_OP_NULL");
     if (!op.known()) return;  // user-defined: MPI decides
-    bool ok = true;
-    switch (*op.known()) {
-        case Op::sum:
-        case Op::prod: ok = cls != TypeClass::logical; break;
-        case Op::min:
-        case Op::max: ok = cls == TypeClass::integer || cls == TypeClass::floating; break;
-        case Op::land:
-        case Op::lor:
-        case Op::lxor: ok = cls == TypeClass::integer || cls == TypeClass::logical; break;
-        case Op::band:
-        case Op::bor:
-        case Op::bxor: ok = cls == TypeClass::integer; break;
-    }
-    if (!ok)
+    if (!op_allowed(*op.known(), cls))
         fail(call, std::string("operation '") + op.name() + "' is not defined for element type " +
                        datatype_name(type));
 }
 
 int op_id(const ReduceOp& op) { return op.known() ? static_cast<int>(*op.known()) : 99; }
 
-// Built-in datatypes by a small id that is the same on every rank. Never
-// destroyed: checks and profiles may run inside MPI_Finalize from atexit.
-const std::vector<MPI_Datatype>& type_table() {
-    static const auto* table = new std::vector<MPI_Datatype>{
-        MPI_SIGNED_CHAR, MPI_UNSIGNED_CHAR, MPI_SHORT,  MPI_UNSIGNED_SHORT, MPI_INT,
-        MPI_UNSIGNED,    MPI_LONG,          MPI_UNSIGNED_LONG, MPI_LONG_LONG,
-        MPI_UNSIGNED_LONG_LONG, MPI_WCHAR,  MPI_FLOAT,  MPI_DOUBLE,  MPI_LONG_DOUBLE,
-        MPI_CXX_BOOL,    MPI_CXX_FLOAT_COMPLEX, MPI_CXX_DOUBLE_COMPLEX, MPI_CHAR, MPI_BYTE,
-        MPI_INT8_T,      MPI_INT16_T,       MPI_INT32_T, MPI_INT64_T,  MPI_UINT8_T,
-        MPI_UINT16_T,    MPI_UINT32_T,      MPI_UINT64_T};
-    return *table;
-}
-
+// Built-in datatypes by their registry id, the same on every rank.
 int type_id(MPI_Datatype t) {
-    const auto& table = type_table();
-    const auto it = std::find(table.begin(), table.end(), t);
-    return it == table.end() ? 99 : static_cast<int>(it - table.begin());
+    const TypeInfo* e = find_type(t);
+    return e ? e->id : 99;
 }
 
-MPI_Datatype type_by_id(std::int64_t id) {
-    const auto& table = type_table();
-    return id >= 0 && id < static_cast<std::int64_t>(table.size()) ? table[id] : MPI_DATATYPE_NULL;
+MPI_Datatype type_of_id(std::int64_t id) {
+    const TypeInfo* e = type_by_id(id);
+    return e ? e->type : MPI_DATATYPE_NULL;
 }
 
 int seq_keyval = MPI_KEYVAL_INVALID;
@@ -193,7 +157,7 @@ void check_consistent(const CallInfo& info, std::uint64_t seq) {
         c.count = static_cast<std::size_t>(s[1]);
         c.op_id = static_cast<int>(s[3]);
         c.root = static_cast<int>(s[4]);
-        c.type = type_by_id(s[2]);
+        c.type = type_of_id(s[2]);
         called[r] = describe(c);
     }
     const std::string text = "mismatched collectives (call #" + std::to_string(seq) +

@@ -81,30 +81,5 @@ std::string group_ranks(const std::vector<std::string>& per_rank, int first, con
 
 }  // namespace detail
 
-const char* datatype_name(MPI_Datatype t) {
-    struct Entry {
-        MPI_Datatype t;
-        const char* name;
-    };
-    static const Entry table[] = {
-        {MPI_SIGNED_CHAR, "signed char"},     {MPI_UNSIGNED_CHAR, "unsigned char"},
-        {MPI_SHORT, "short"},                 {MPI_UNSIGNED_SHORT, "unsigned short"},
-        {MPI_INT, "int"},                     {MPI_UNSIGNED, "unsigned int"},
-        {MPI_LONG, "long"},                   {MPI_UNSIGNED_LONG, "unsigned long"},
-        {MPI_LONG_LONG, "long long"},         {MPI_UNSIGNED_LONG_LONG, "unsigned long long"},
-        {MPI_WCHAR, "wchar_t"},               {MPI_FLOAT, "float"},
-        {MPI_DOUBLE, "double"},               {MPI_LONG_DOUBLE, "long double"},
-        {MPI_CXX_BOOL, "bool"},               {MPI_CXX_FLOAT_COMPLEX, "complex<float>"},
-        {MPI_CXX_DOUBLE_COMPLEX, "complex<double>"}, {MPI_CHAR, "char"},
-        {MPI_BYTE, "byte"},                   {MPI_INT8_T, "int8_t"},
-        {MPI_INT16_T, "int16_t"},             {MPI_INT32_T, "int32_t"},
-        {MPI_INT64_T, "int64_t"},             {MPI_UINT8_T, "uint8_t"},
-        {MPI_UINT16_T, "uint16_t"},           {MPI_UINT32_T, "uint32_t"},
-        {MPI_UINT64_T, "uint64_t"},
-    };
-    for (const auto& e : table)
-        if (e.t == t) return e.name;
-    return "MPI datatype";
-}
 
 }  // namespace mpiml

@@ -8,6 +8,7 @@
 // these faults; a wrong answer switches that pair to a user-defined MPI_Op
 // with the C++ semantics (wrap-around, unsigned order).
 #include "state.hpp"
+#include "types.hpp"
 
 #include <mpiml/collectives.hpp>
 
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -89,18 +91,16 @@ MPI_Op probe_type(MPI_Datatype type, Op op, MPI_Op native) {
 }
 
 MPI_Op probe_any(MPI_Datatype t, Op op, MPI_Op native) {
-    if (t == MPI_SIGNED_CHAR || t == MPI_INT8_T) return probe_type<std::int8_t>(t, op, native);
-    if (t == MPI_UNSIGNED_CHAR || t == MPI_UINT8_T) return probe_type<std::uint8_t>(t, op, native);
-    if (t == MPI_SHORT || t == MPI_INT16_T) return probe_type<std::int16_t>(t, op, native);
-    if (t == MPI_UNSIGNED_SHORT || t == MPI_UINT16_T) return probe_type<std::uint16_t>(t, op, native);
-    if (t == MPI_INT || t == MPI_INT32_T) return probe_type<std::int32_t>(t, op, native);
-    if (t == MPI_UNSIGNED || t == MPI_UINT32_T) return probe_type<std::uint32_t>(t, op, native);
-    if (t == MPI_LONG) return probe_type<long>(t, op, native);
-    if (t == MPI_UNSIGNED_LONG) return probe_type<unsigned long>(t, op, native);
-    if (t == MPI_LONG_LONG || t == MPI_INT64_T) return probe_type<long long>(t, op, native);
-    if (t == MPI_UNSIGNED_LONG_LONG || t == MPI_UINT64_T)
-        return probe_type<unsigned long long>(t, op, native);
-    return native;
+    const TypeInfo* e = find_type(t);
+    if (!e || e->cls != TypeClass::integer) return native;
+    return with_rep(e->rep, [&]<class... T>(T...) -> MPI_Op {
+        if constexpr (sizeof...(T) == 1) {
+            using U = typename std::tuple_element_t<0, std::tuple<T...>>::type;
+            if constexpr (std::is_integral_v<U> && !std::is_same_v<U, bool>)
+                return probe_type<U>(t, op, native);
+        }
+        return native;
+    });
 }
 
 struct Entry {
@@ -134,7 +134,6 @@ MPI_Op mpi_op_for(MPI_Datatype type, const ReduceOp& op) {
     const auto known = op.known();
     if (!known || (*known != Op::sum && *known != Op::prod && *known != Op::min && *known != Op::max))
         return op.native();
-    if (type == MPI_FLOAT || type == MPI_DOUBLE || type == MPI_LONG_DOUBLE) return op.native();
     std::lock_guard lock(table_mutex());
     for (const Entry& e : table())
         if (e.type == type && e.op == *known) return e.use;

@@ -22,6 +22,7 @@
 #include "agreement.hpp"
 #include "call.hpp"
 #include "state.hpp"
+#include "types.hpp"
 
 #include <mpiml/error.hpp>
 #include <mpiml/shm.hpp>
@@ -148,19 +149,7 @@ struct Fn<T, Op::bxor> {
 
 template <class T, Op O>
 constexpr bool allowed() {
-    switch (O) {
-        case Op::sum:
-        case Op::prod: return is_int<T> || std::is_floating_point_v<T> || is_complex<T>::value;
-        case Op::min:
-        case Op::max: return is_int<T> || std::is_floating_point_v<T>;
-        case Op::land:
-        case Op::lor:
-        case Op::lxor: return std::is_integral_v<T>;
-        case Op::band:
-        case Op::bor:
-        case Op::bxor: return is_int<T>;
-    }
-    return false;
+    return op_allowed(O, class_of<T>());
 }
 
 using CombineFn = void (*)(void* out, const void* const* in, int p, std::size_t m);
@@ -227,29 +216,18 @@ Kernel kernel_of(Op op) {
     return k;
 }
 
-// The kernel for a built-in datatype and op; combine == nullptr when unsupported.
-// MPI_WCHAR is left to MPI, which defines no reductions on it.
+// The kernel for a built-in datatype and op; combine == nullptr when unsupported
+// (types the registry leaves to MPI, such as MPI_WCHAR, and illegal ops).
 Kernel resolve(MPI_Datatype t, Op op) {
-    Kernel k;
-    if (t == MPI_FLOAT) k = kernel_of<float>(op);
-    else if (t == MPI_DOUBLE) k = kernel_of<double>(op);
-    else if (t == MPI_INT || t == MPI_INT32_T) k = kernel_of<std::int32_t>(op);
-    else if (t == MPI_LONG) k = kernel_of<long>(op);
-    else if (t == MPI_LONG_LONG || t == MPI_INT64_T) k = kernel_of<long long>(op);
-    else if (t == MPI_UNSIGNED || t == MPI_UINT32_T) k = kernel_of<std::uint32_t>(op);
-    else if (t == MPI_UNSIGNED_LONG) k = kernel_of<unsigned long>(op);
-    else if (t == MPI_UNSIGNED_LONG_LONG || t == MPI_UINT64_T) k = kernel_of<unsigned long long>(op);
-    else if (t == MPI_SHORT || t == MPI_INT16_T) k = kernel_of<std::int16_t>(op);
-    else if (t == MPI_UNSIGNED_SHORT || t == MPI_UINT16_T) k = kernel_of<std::uint16_t>(op);
-    else if (t == MPI_SIGNED_CHAR || t == MPI_INT8_T) k = kernel_of<std::int8_t>(op);
-    else if (t == MPI_UNSIGNED_CHAR || t == MPI_UINT8_T) k = kernel_of<std::uint8_t>(op);
-    else if (t == MPI_LONG_DOUBLE) k = kernel_of<long double>(op);
-    else if (t == MPI_CXX_BOOL || t == MPI_C_BOOL) k = kernel_of<bool>(op);
-    else if (t == MPI_CXX_FLOAT_COMPLEX || t == MPI_C_FLOAT_COMPLEX) k = kernel_of<std::complex<float>>(op);
-    else if (t == MPI_CXX_DOUBLE_COMPLEX || t == MPI_C_DOUBLE_COMPLEX) k = kernel_of<std::complex<double>>(op);
-    else return {};
+    const TypeInfo* e = find_type(t);
+    if (!e) return {};
+    Kernel k = with_rep(e->rep, [&]<class... T>(T...) -> Kernel {
+        if constexpr (sizeof...(T) == 1) return kernel_of<typename T::type...>(op);
+        else return {};
+    });
     int size = 0;
-    if (MPI_Type_size(t, &size) != MPI_SUCCESS || static_cast<std::size_t>(size) != k.tsize) return {};
+    if (!k.combine || MPI_Type_size(t, &size) != MPI_SUCCESS || static_cast<std::size_t>(size) != k.tsize)
+        return {};
     return k;
 }
 

@@ -41,26 +41,7 @@
 namespace mpiml {
 namespace {
 
-// ------------------------------------------------------------ dtype tables
-
-std::string dtype_name(at::ScalarType s) {
-    switch (s) {
-        case at::kFloat: return "float32";
-        case at::kDouble: return "float64";
-        case at::kHalf: return "float16";
-        case at::kBFloat16: return "bfloat16";
-        case at::kComplexHalf: return "complex32";
-        case at::kComplexFloat: return "complex64";
-        case at::kComplexDouble: return "complex128";
-        case at::kLong: return "int64";
-        case at::kInt: return "int32";
-        case at::kShort: return "int16";
-        case at::kChar: return "int8";
-        case at::kByte: return "uint8";
-        case at::kBool: return "bool";
-        default: return c10::toString(s);
-    }
-}
+// ------------------------------------------------------------ dtype table
 
 /// How a floating or complex dtype is summed: MPI type and wire dtype.
 struct Wire {
@@ -70,26 +51,53 @@ struct Wire {
     std::size_t size;  // bytes per element
 };
 
+/// Everything mpiml does per torch dtype: its name, how it is summed (the
+/// wire; integers and bool are summed as float64, which only mpi_avg does)
+/// and how it is broadcast (a bit copy).
+struct DtypeInfo {
+    at::ScalarType scalar;
+    const char* name;
+    std::optional<Wire> sum;
+    MPI_Datatype bcast;
+};
+
+const DtypeInfo* dtype_info(at::ScalarType s) {
+    // Never destroyed: may be used from atexit.
+    static const auto* table = [] {
+        const Wire f32{MPI_FLOAT, TypeClass::floating, at::kFloat, 4};
+        const Wire f64{MPI_DOUBLE, TypeClass::floating, at::kDouble, 8};
+        const Wire c64{MPI_CXX_FLOAT_COMPLEX, TypeClass::complex, at::kComplexFloat, 8};
+        const Wire c128{MPI_CXX_DOUBLE_COMPLEX, TypeClass::complex, at::kComplexDouble, 16};
+        return new std::vector<DtypeInfo>{
+            {at::kFloat, "float32", f32, MPI_FLOAT},
+            {at::kDouble, "float64", f64, MPI_DOUBLE},
+            {at::kHalf, "float16", f32, MPI_UINT16_T},
+            {at::kBFloat16, "bfloat16", f32, MPI_UINT16_T},
+            {at::kComplexHalf, "complex32", std::nullopt, MPI_UINT32_T},
+            {at::kComplexFloat, "complex64", c64, MPI_CXX_FLOAT_COMPLEX},
+            {at::kComplexDouble, "complex128", c128, MPI_CXX_DOUBLE_COMPLEX},
+            {at::kLong, "int64", f64, MPI_INT64_T},
+            {at::kInt, "int32", f64, MPI_INT32_T},
+            {at::kShort, "int16", f64, MPI_INT16_T},
+            {at::kChar, "int8", f64, MPI_INT8_T},
+            {at::kByte, "uint8", f64, MPI_UINT8_T},
+            {at::kBool, "bool", f64, MPI_CXX_BOOL},
+        };
+    }();
+    for (const DtypeInfo& d : *table)
+        if (d.scalar == s) return &d;
+    return nullptr;
+}
+
+std::string dtype_name(at::ScalarType s) {
+    const DtypeInfo* d = dtype_info(s);
+    return d ? d->name : c10::toString(s);
+}
+
 /// The wire for summing values of dtype s; nullopt when s cannot be summed.
-/// Integers and bool are summed as float64 (only mpi_avg does that).
 std::optional<Wire> sum_wire(at::ScalarType s) {
-    switch (s) {
-        case at::kFloat:
-        case at::kHalf:
-        case at::kBFloat16: return Wire{MPI_FLOAT, TypeClass::floating, at::kFloat, 4};
-        case at::kDouble:
-        case at::kLong:
-        case at::kInt:
-        case at::kShort:
-        case at::kChar:
-        case at::kByte:
-        case at::kBool: return Wire{MPI_DOUBLE, TypeClass::floating, at::kDouble, 8};
-        case at::kComplexFloat:
-            return Wire{MPI_CXX_FLOAT_COMPLEX, TypeClass::complex, at::kComplexFloat, 8};
-        case at::kComplexDouble:
-            return Wire{MPI_CXX_DOUBLE_COMPLEX, TypeClass::complex, at::kComplexDouble, 16};
-        default: return std::nullopt;
-    }
+    const DtypeInfo* d = dtype_info(s);
+    return d ? d->sum : std::nullopt;
 }
 
 bool has_gradients(at::ScalarType s) {
@@ -98,20 +106,27 @@ bool has_gradients(at::ScalarType s) {
 
 /// MPI type and element multiplier for broadcasting dtype s (bit copy).
 std::pair<MPI_Datatype, std::size_t> bcast_type(at::ScalarType s) {
+    const DtypeInfo* d = dtype_info(s);
+    if (d) return {d->bcast, 1};
+    return {MPI_BYTE, c10::elementSize(s)};
+}
+
+/// Calls f.template operator()<W, T>() for a gradient dtype stored as T and
+/// summed on the wire as W; false for any other dtype.
+template <class F>
+bool with_grad_dtype(at::ScalarType s, F&& f) {
     switch (s) {
-        case at::kFloat: return {MPI_FLOAT, 1};
-        case at::kDouble: return {MPI_DOUBLE, 1};
-        case at::kLong: return {MPI_INT64_T, 1};
-        case at::kInt: return {MPI_INT32_T, 1};
-        case at::kShort: return {MPI_INT16_T, 1};
-        case at::kChar: return {MPI_INT8_T, 1};
-        case at::kByte: return {MPI_UINT8_T, 1};
-        case at::kBool: return {MPI_CXX_BOOL, 1};
-        case at::kHalf:
-        case at::kBFloat16: return {MPI_UINT16_T, 1};
-        case at::kComplexFloat: return {MPI_CXX_FLOAT_COMPLEX, 1};
-        case at::kComplexDouble: return {MPI_CXX_DOUBLE_COMPLEX, 1};
-        default: return {MPI_BYTE, c10::elementSize(s)};
+        case at::kFloat: f.template operator()<float, float>(); return true;
+        case at::kDouble: f.template operator()<double, double>(); return true;
+        case at::kHalf: f.template operator()<float, c10::Half>(); return true;
+        case at::kBFloat16: f.template operator()<float, c10::BFloat16>(); return true;
+        case at::kComplexFloat:
+            f.template operator()<c10::complex<float>, c10::complex<float>>();
+            return true;
+        case at::kComplexDouble:
+            f.template operator()<c10::complex<double>, c10::complex<double>>();
+            return true;
+        default: return false;
     }
 }
 
@@ -191,49 +206,34 @@ void scale_in_place(void* data, std::size_t n, typename real_type<W>::type scale
 void pack_plain(const at::Tensor& t, void* dst) {
     const void* src = t.data_ptr();
     const auto n = static_cast<std::size_t>(t.numel());
-    switch (t.scalar_type()) {
-        case at::kFloat: return to_wire<float, float>(src, dst, n);
-        case at::kDouble: return to_wire<double, double>(src, dst, n);
-        case at::kHalf: return to_wire<float, c10::Half>(src, dst, n);
-        case at::kBFloat16: return to_wire<float, c10::BFloat16>(src, dst, n);
-        case at::kComplexFloat:
-            return to_wire<c10::complex<float>, c10::complex<float>>(src, dst, n);
-        case at::kComplexDouble:
-            return to_wire<c10::complex<double>, c10::complex<double>>(src, dst, n);
-        default: detail::fail("mpiml::mpi_avg_grads", "internal error: pack_plain got dtype " + dtype_name(t.scalar_type()));
-    }
+    if (!with_grad_dtype(t.scalar_type(), [&]<class W, class T>() { to_wire<W, T>(src, dst, n); }))
+        detail::fail("mpiml::mpi_avg_grads", "internal error: pack_plain got dtype " + dtype_name(t.scalar_type()));
 }
 
 /// Writes src / ranks into the plain tensor t.
 void unpack_plain_avg(const void* src, const at::Tensor& t, int ranks) {
     void* dst = t.data_ptr();
     const auto n = static_cast<std::size_t>(t.numel());
-    const float f = 1.0f / static_cast<float>(ranks);
-    const double d = 1.0 / static_cast<double>(ranks);
-    switch (t.scalar_type()) {
-        case at::kFloat: return from_wire_scaled<float, float>(src, dst, n, f);
-        case at::kDouble: return from_wire_scaled<double, double>(src, dst, n, d);
-        case at::kHalf: return from_wire_scaled<float, c10::Half>(src, dst, n, f);
-        case at::kBFloat16: return from_wire_scaled<float, c10::BFloat16>(src, dst, n, f);
-        case at::kComplexFloat:
-            return from_wire_scaled<c10::complex<float>, c10::complex<float>>(src, dst, n, f);
-        case at::kComplexDouble:
-            return from_wire_scaled<c10::complex<double>, c10::complex<double>>(src, dst, n, d);
-        default: detail::fail("mpiml::mpi_avg_grads", "internal error: unpack_plain_avg got dtype " + dtype_name(t.scalar_type()));
-    }
+    const bool ok = with_grad_dtype(t.scalar_type(), [&]<class W, class T>() {
+        using R = typename real_type<W>::type;
+        from_wire_scaled<W, T>(src, dst, n, R(1) / static_cast<R>(ranks));
+    });
+    if (!ok)
+        detail::fail("mpiml::mpi_avg_grads", "internal error: unpack_plain_avg got dtype " + dtype_name(t.scalar_type()));
 }
 
 /// Divides n elements of dtype s (float, double or complex) at data by ranks.
 void average_in_place(at::ScalarType s, void* data, std::size_t n, int ranks) {
-    const float f = 1.0f / static_cast<float>(ranks);
-    const double d = 1.0 / static_cast<double>(ranks);
-    switch (s) {
-        case at::kFloat: return scale_in_place<float>(data, n, f);
-        case at::kDouble: return scale_in_place<double>(data, n, d);
-        case at::kComplexFloat: return scale_in_place<c10::complex<float>>(data, n, f);
-        case at::kComplexDouble: return scale_in_place<c10::complex<double>>(data, n, d);
-        default: detail::fail("mpiml::mpi_avg_grads", "internal error: average_in_place got dtype " + dtype_name(s));
-    }
+    bool done = false;
+    with_grad_dtype(s, [&]<class W, class T>() {
+        if constexpr (std::is_same_v<W, T>) {  // stored as summed: no half types
+            using R = typename real_type<W>::type;
+            scale_in_place<W>(data, n, R(1) / static_cast<R>(ranks));
+            done = true;
+        }
+    });
+    if (!done)
+        detail::fail("mpiml::mpi_avg_grads", "internal error: average_in_place got dtype " + dtype_name(s));
 }
 
 at::Tensor wire_view(void* data, at::IntArrayRef sizes, at::ScalarType wire) {
