@@ -326,6 +326,9 @@ inline void cpu_relax() {
 struct ShmContext {
     MPI_Comm node = MPI_COMM_NULL;     // ranks of comm sharing memory (owned)
     MPI_Comm leaders = MPI_COMM_NULL;  // node rank 0 of every node (owned; null elsewhere)
+    MPI_Comm peers = MPI_COMM_NULL;    // same node rank on every node, in node order (owned;
+                                       // only with several nodes all of one size)
+    int peer_rank = -1;                // this node's place in the node order
     int rank = 0, size = 1;            // in the user's communicator
     int node_rank = 0, node_size = 1, num_nodes = 1, leader_rank = -1, max_node_size = 1;
     std::vector<int> leader_of;        // comm rank -> leader rank of its node
@@ -338,6 +341,7 @@ struct ShmContext {
     std::uint64_t round = 0;
     int spin_limit = 64;               // pauses before yielding (see barrier)
     std::vector<char> scratch;         // leader reduce-scatter
+    std::vector<char> inbox;           // two slices received from the other node (peers)
     bool alive = false;
 
     char* set(int q) const { return data[q] + (round % 2) * chunk; }
@@ -368,6 +372,7 @@ struct ShmContext {
             MPI_Win_unlock_all(win);
             MPI_Win_free(&win);
         }
+        if (peers != MPI_COMM_NULL) MPI_Comm_free(&peers);
         if (leaders != MPI_COMM_NULL) MPI_Comm_free(&leaders);
         if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
     }
@@ -463,10 +468,18 @@ std::shared_ptr<ShmContext> create_context(MPI_Comm comm, const char* call) {
     check_mpi(MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, comm), call);
     c->leader_of.resize(c->size);
     c->node_rank_of.resize(c->size);
+    int min_node_size = c->size;
     for (int r = 0; r < c->size; ++r) {
         c->leader_of[r] = all[3 * r];
         c->node_rank_of[r] = all[3 * r + 1];
         c->max_node_size = std::max(c->max_node_size, all[3 * r + 2]);
+        min_node_size = std::min(min_node_size, all[3 * r + 2]);
+    }
+    // Nodes of one size: node rank q of every node exchanges slice q with
+    // its peers, ordered by their node's leader rank (the node order).
+    if (c->num_nodes > 1 && min_node_size == c->max_node_size) {
+        check_mpi(MPI_Comm_split(comm, c->node_rank, c->leader_of[c->rank], &c->peers), call);
+        check_mpi(MPI_Comm_rank(c->peers, &c->peer_rank), call);
     }
 
     c->chunk = cfg.chunk;
@@ -492,6 +505,7 @@ std::shared_ptr<ShmContext> create_context(MPI_Comm comm, const char* call) {
     std::atomic_ref<std::uint64_t>(*c->flag[c->node_rank]).store(0, std::memory_order_release);
     check_mpi(MPI_Barrier(c->node), call);
     if (c->num_nodes > 1) c->scratch.resize(c->chunk + kLine * c->num_nodes);
+    if (c->peers != MPI_COMM_NULL && c->num_nodes == 2) c->inbox.resize(2 * (c->chunk + kLine));
     const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     c->spin_limit = cpus > 0 && c->node_size <= cpus ? 4096 : 64;
     return c;
@@ -538,11 +552,12 @@ ShmContext* cached_context(MPI_Comm comm, const char* call) {
     return c;
 }
 
-// Deterministic allreduce of m elements of buf across the leaders: leader j
-// reduces slice j over all leaders in leader order, then all gather.
-void leader_allreduce(ShmContext& c, char* buf, std::size_t m, const Kernel& k, int divide_by,
-                      const char* call) {
-    const int L = c.num_nodes, me = c.leader_rank;
+// Deterministic allreduce of m elements of buf across the nodes, over group
+// (leaders, or the peers of one node rank; rank me of L, in node order): rank
+// j reduces slice j over all nodes in node order, then all gather.
+void group_allreduce(ShmContext& c, MPI_Comm group, int me, char* buf, std::size_t m,
+                     const Kernel& k, int divide_by, const char* call) {
+    const int L = c.num_nodes;
     const std::size_t ts = k.tsize;
     const std::size_t piece = c.chunk / ts;
     std::vector<int> scount(L), sdispl(L), rcount(L), rdispl(L);
@@ -560,12 +575,117 @@ void leader_allreduce(ShmContext& c, char* buf, std::size_t m, const Kernel& k, 
             in[j] = c.scratch.data() + rdispl[j];
         }
         check_mpi(MPI_Alltoallv(b, scount.data(), sdispl.data(), MPI_BYTE, c.scratch.data(),
-                                rcount.data(), rdispl.data(), MPI_BYTE, c.leaders),
+                                rcount.data(), rdispl.data(), MPI_BYTE, group),
                   call);
         reduce_slice(k, in.data(), L, mylen, b + sl.off(me) * ts, nullptr, divide_by);
         check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, b, scount.data(),
-                                 sdispl.data(), MPI_BYTE, c.leaders),
+                                 sdispl.data(), MPI_BYTE, group),
                   call);
+    }
+}
+
+void leader_allreduce(ShmContext& c, char* buf, std::size_t m, const Kernel& k, int divide_by,
+                      const char* call) {
+    group_allreduce(c, c.leaders, c.leader_rank, buf, m, k, divide_by, call);
+}
+
+// Slice q of a chunk of m elements when every chunk is cut like the first
+// one (base elements) and the last, shorter one clipped: rank q owns the same
+// bytes of every set in every chunk, so a set's slice is never read by one
+// rank while its owner writes it for a later chunk.
+struct FixedSlices {
+    FixedSlices(std::size_t base, std::size_t m_, int p, std::size_t ts) : full(base, p, ts), m(m_) {}
+    std::size_t off(int q) const { return std::min(m, full.off(q)); }
+    std::size_t len(int q) const { return off(q + 1) - off(q); }
+    Slices full;
+    std::size_t m;
+};
+
+// The hierarchical allreduce with nodes of one size: per chunk, node rank r
+// reduces slice r over its node (shared memory) into recv, exchanges it with
+// node rank r of every other node (every rank uses the network at once), folds
+// the node results in node order into recv and its set, and the node copies
+// the slices from the sets. With 2 nodes the exchange of chunk k runs while
+// the node reduces chunk k+1.
+void run_allreduce_peers(ShmContext& c, const char* send, char* recv, std::size_t count,
+                         const Kernel& k, const char* call) {
+    const std::size_t ts = k.tsize;
+    const std::size_t per = c.chunk / ts;
+    const int p = c.node_size, me = c.node_rank;
+    const bool pair = c.num_nodes == 2;
+    const std::size_t base = std::min(per, count);
+    std::vector<const char*> in(std::max(p, c.num_nodes));
+    struct Pending {
+        char* out = nullptr;   // this rank's slice in recv (sent; result goes here)
+        char* shared = nullptr;  // the same slice in this rank's set
+        char* got = nullptr;   // the other node's slice
+        std::size_t len = 0;
+        MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    };
+    Pending pend[2];
+    int npend = 0, slot = 0;
+    // Completes the oldest exchange: node results folded in node order.
+    auto finish = [&](Pending& e) {
+        check_mpi(MPI_Waitall(2, e.req, MPI_STATUSES_IGNORE), call);
+        const char* ins[2];
+        ins[c.peer_rank] = e.out;
+        ins[1 - c.peer_rank] = e.got;
+        reduce_slice(k, ins, 2, e.len, e.out, e.shared, 0);
+    };
+    struct Copy {
+        char* r = nullptr;
+        std::size_t m = 0;
+        std::uint64_t round = 0;
+    } prev;
+    auto copy_back = [&](const Copy& d) {  // the other ranks' slices of a finished chunk
+        const FixedSlices sl(base, d.m, p, ts);
+        for (int q = 0; q < p; ++q)
+            if (q != me)
+                std::memcpy(d.r + sl.off(q) * ts, c.data[q] + (d.round % 2) * c.chunk + sl.off(q) * ts,
+                            sl.len(q) * ts);
+    };
+    for (std::size_t done = 0; done < count;) {
+        const std::size_t m = std::min(per, count - done);
+        const char* s = send + done * ts;
+        char* r = recv + done * ts;
+        ++c.round;
+        const FixedSlices sl(base, m, p, ts);
+        char* mine = c.set(me);
+        for (int q = 0; q < p; ++q)
+            if (q != me) std::memcpy(mine + sl.off(q) * ts, s + sl.off(q) * ts, sl.len(q) * ts);
+        c.barrier();
+        const std::size_t o = sl.off(me) * ts, len = sl.len(me);
+        for (int q = 0; q < p; ++q) in[q] = q == me ? s + o : c.set(q) + o;
+        reduce_slice(k, in.data(), p, len, r + o, nullptr, 0);
+        if (pair) {
+            Pending& e = pend[slot];
+            e.out = r + o;
+            e.shared = mine + o;
+            e.got = c.inbox.data() + slot * (c.chunk + kLine);
+            e.len = len;
+            const int bytes = static_cast<int>(len * ts), other = 1 - c.peer_rank;
+            check_mpi(MPI_Irecv(e.got, bytes, MPI_BYTE, other, 0, c.peers, &e.req[0]), call);
+            check_mpi(MPI_Isend(e.out, bytes, MPI_BYTE, other, 0, c.peers, &e.req[1]), call);
+            slot ^= 1;
+            if (npend == 1) finish(pend[slot]);  // the previous chunk's
+            npend = 1;
+        } else {
+            group_allreduce(c, c.peers, c.peer_rank, r + o, len, k, 0, call);
+            std::memcpy(mine + o, r + o, len * ts);
+        }
+        c.barrier();
+        if (pair) {
+            if (prev.r) copy_back(prev);
+            prev = {r, m, c.round};
+        } else {
+            copy_back({r, m, c.round});
+        }
+        done += m;
+    }
+    if (pair && npend == 1) {
+        finish(pend[slot ^ 1]);
+        c.barrier();
+        copy_back(prev);
     }
 }
 
@@ -575,6 +695,7 @@ void run_allreduce(ShmContext& c, const char* send, char* recv, std::size_t coun
     const std::size_t per = c.chunk / ts;
     const int p = c.node_size, me = c.node_rank;
     const bool hier = c.num_nodes > 1;
+    if (hier && c.peers != MPI_COMM_NULL) return run_allreduce_peers(c, send, recv, count, k, call);
     std::vector<const char*> in(p);
     for (std::size_t done = 0; done < count;) {
         const std::size_t m = std::min(per, count - done);
