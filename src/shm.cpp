@@ -52,6 +52,7 @@ namespace {
 // mode leaves those to MPI (not measured: one box).
 constexpr std::size_t kMultiNodeMinimum = std::size_t{64} << 10;
 constexpr std::size_t kLine = 64;     // slice alignment, bytes
+constexpr int kPeerDepth = 4;         // exchanges in flight at once across 2 nodes
 constexpr std::size_t kHeader = 128;  // flag line (+ the adjacent line)
 constexpr std::size_t kBlock = 4096;  // reduction block, bytes (stays in L1)
 
@@ -341,7 +342,7 @@ struct ShmContext {
     std::uint64_t round = 0;
     int spin_limit = 64;               // pauses before yielding (see barrier)
     std::vector<char> scratch;         // leader reduce-scatter
-    std::vector<char> inbox;           // two slices received from the other node (peers)
+    std::vector<char> inbox;           // slices received from the other node (kPeerDepth)
     bool alive = false;
 
     char* set(int q) const { return data[q] + (round % 2) * chunk; }
@@ -505,7 +506,7 @@ std::shared_ptr<ShmContext> create_context(MPI_Comm comm, const char* call) {
     std::atomic_ref<std::uint64_t>(*c->flag[c->node_rank]).store(0, std::memory_order_release);
     check_mpi(MPI_Barrier(c->node), call);
     if (c->num_nodes > 1) c->scratch.resize(c->chunk + kLine * c->num_nodes);
-    if (c->peers != MPI_COMM_NULL && c->num_nodes == 2) c->inbox.resize(2 * (c->chunk + kLine));
+    if (c->peers != MPI_COMM_NULL && c->num_nodes == 2) c->inbox.resize(kPeerDepth * (c->chunk + kLine));
     const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     c->spin_limit = cpus > 0 && c->node_size <= cpus ? 4096 : 64;
     return c;
@@ -601,12 +602,15 @@ struct FixedSlices {
     std::size_t m;
 };
 
-// The hierarchical allreduce with nodes of one size: per chunk, node rank r
+// The hierarchical allreduce with nodes of one size. Node rank r, per chunk:
 // reduces slice r over its node (shared memory) into recv, exchanges it with
 // node rank r of every other node (every rank uses the network at once), folds
-// the node results in node order into recv and its set, and the node copies
-// the slices from the sets. With 2 nodes the exchange of chunk k runs while
-// the node reduces chunk k+1.
+// the node results in node order into recv and into its set, and the node
+// copies the slices from the sets. One node barrier per step: step t copies
+// chunk t into the sets and writes the folded slice of chunk t - D, barrier,
+// then reduces chunk t (and starts its exchange) and copies chunk t - D out.
+// With 2 nodes D exchanges are in flight while the node works; with more,
+// each exchange is a blocking reduce-scatter + allgather (D = 1).
 void run_allreduce_peers(ShmContext& c, const char* send, char* recv, std::size_t count,
                          const Kernel& k, const char* call) {
     const std::size_t ts = k.tsize;
@@ -614,78 +618,67 @@ void run_allreduce_peers(ShmContext& c, const char* send, char* recv, std::size_
     const int p = c.node_size, me = c.node_rank;
     const bool pair = c.num_nodes == 2;
     const std::size_t base = std::min(per, count);
-    std::vector<const char*> in(std::max(p, c.num_nodes));
-    struct Pending {
-        char* out = nullptr;   // this rank's slice in recv (sent; result goes here)
-        char* shared = nullptr;  // the same slice in this rank's set
-        char* got = nullptr;   // the other node's slice
+    const std::size_t chunks = (count + per - 1) / per;
+    const std::size_t depth = pair ? std::min<std::size_t>(kPeerDepth, chunks) : 1;
+    std::vector<const char*> in(p);
+    struct Exchange {
+        char* out = nullptr;  // this rank's slice in recv (sent; the result goes here)
+        char* got = nullptr;  // the other node's slice
         std::size_t len = 0;
         MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     };
-    Pending pend[2];
-    int npend = 0, slot = 0;
-    // Completes the oldest exchange: node results folded in node order.
-    auto finish = [&](Pending& e) {
-        check_mpi(MPI_Waitall(2, e.req, MPI_STATUSES_IGNORE), call);
-        const char* ins[2];
-        ins[c.peer_rank] = e.out;
-        ins[1 - c.peer_rank] = e.got;
-        reduce_slice(k, ins, 2, e.len, e.out, e.shared, 0);
-    };
-    struct Copy {
-        char* r = nullptr;
-        std::size_t m = 0;
-        std::uint64_t round = 0;
-    } prev;
-    auto copy_back = [&](const Copy& d) {  // the other ranks' slices of a finished chunk
-        const FixedSlices sl(base, d.m, p, ts);
-        for (int q = 0; q < p; ++q)
-            if (q != me)
-                std::memcpy(d.r + sl.off(q) * ts, c.data[q] + (d.round % 2) * c.chunk + sl.off(q) * ts,
-                            sl.len(q) * ts);
-    };
-    for (std::size_t done = 0; done < count;) {
-        const std::size_t m = std::min(per, count - done);
-        const char* s = send + done * ts;
-        char* r = recv + done * ts;
+    Exchange ex[kPeerDepth];
+    const int other = 1 - c.peer_rank;
+    for (std::size_t t = 0; t < chunks + depth; ++t) {
         ++c.round;
+        const bool reduce = t < chunks, fold = t >= depth;
+        const std::size_t j = t - depth;  // chunk folded and copied out (if fold)
+        const std::size_t m = reduce ? std::min(per, count - t * per) : 0;
+        const char* s = reduce ? send + t * per * ts : send;
+        char* r = reduce ? recv + t * per * ts : recv;
         const FixedSlices sl(base, m, p, ts);
         char* mine = c.set(me);
-        for (int q = 0; q < p; ++q)
-            if (q != me) std::memcpy(mine + sl.off(q) * ts, s + sl.off(q) * ts, sl.len(q) * ts);
-        c.barrier();
-        const std::size_t o = sl.off(me) * ts, len = sl.len(me);
-        for (int q = 0; q < p; ++q) in[q] = q == me ? s + o : c.set(q) + o;
-        reduce_slice(k, in.data(), p, len, r + o, nullptr, 0);
-        if (pair) {
-            Pending& e = pend[slot];
-            e.out = r + o;
-            e.shared = mine + o;
-            e.got = c.inbox.data() + slot * (c.chunk + kLine);
-            e.len = len;
-            const int bytes = static_cast<int>(len * ts), other = 1 - c.peer_rank;
-            check_mpi(MPI_Irecv(e.got, bytes, MPI_BYTE, other, 0, c.peers, &e.req[0]), call);
-            check_mpi(MPI_Isend(e.out, bytes, MPI_BYTE, other, 0, c.peers, &e.req[1]), call);
-            slot ^= 1;
-            if (npend == 1) finish(pend[slot]);  // the previous chunk's
-            npend = 1;
-        } else {
-            group_allreduce(c, c.peers, c.peer_rank, r + o, len, k, 0, call);
-            std::memcpy(mine + o, r + o, len * ts);
+        if (reduce)
+            for (int q = 0; q < p; ++q)
+                if (q != me) std::memcpy(mine + sl.off(q) * ts, s + sl.off(q) * ts, sl.len(q) * ts);
+        const std::size_t mj = fold ? std::min(per, count - j * per) : 0;
+        const FixedSlices slj(base, mj, p, ts);
+        Exchange& e = ex[j % kPeerDepth];
+        if (fold) {
+            char* shared = mine + slj.off(me) * ts;
+            if (pair) {
+                check_mpi(MPI_Waitall(2, e.req, MPI_STATUSES_IGNORE), call);
+                const char* ins[2];
+                ins[c.peer_rank] = e.out;
+                ins[other] = e.got;
+                reduce_slice(k, ins, 2, e.len, e.out, shared, 0);
+            } else {
+                std::memcpy(shared, e.out, e.len * ts);
+            }
         }
         c.barrier();
-        if (pair) {
-            if (prev.r) copy_back(prev);
-            prev = {r, m, c.round};
-        } else {
-            copy_back({r, m, c.round});
+        if (reduce) {
+            const std::size_t o = sl.off(me) * ts, len = sl.len(me);
+            for (int q = 0; q < p; ++q) in[q] = q == me ? s + o : c.set(q) + o;
+            Exchange& n = ex[t % kPeerDepth];
+            n.out = r + o;
+            n.len = len;
+            reduce_slice(k, in.data(), p, len, n.out, nullptr, 0);
+            if (pair) {
+                const int bytes = static_cast<int>(len * ts);
+                n.got = c.inbox.data() + (t % kPeerDepth) * (c.chunk + kLine);
+                check_mpi(MPI_Irecv(n.got, bytes, MPI_BYTE, other, 0, c.peers, &n.req[0]), call);
+                check_mpi(MPI_Isend(n.out, bytes, MPI_BYTE, other, 0, c.peers, &n.req[1]), call);
+            } else {
+                group_allreduce(c, c.peers, c.peer_rank, n.out, len, k, 0, call);
+            }
         }
-        done += m;
-    }
-    if (pair && npend == 1) {
-        finish(pend[slot ^ 1]);
-        c.barrier();
-        copy_back(prev);
+        if (fold) {
+            char* rj = recv + j * per * ts;
+            for (int q = 0; q < p; ++q)
+                if (q != me)
+                    std::memcpy(rj + slj.off(q) * ts, c.set(q) + slj.off(q) * ts, slj.len(q) * ts);
+        }
     }
 }
 
