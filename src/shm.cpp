@@ -13,8 +13,11 @@
 //   2. barrier; r reduces slice r over all ranks in rank order (its own part
 //      straight from its send buffer) into its set, and into recv.
 //   3. barrier; r copies the reduced slices q != r into recv.
-// With several nodes, step 3 becomes: the leader gathers the reduced slices,
-// reduces across leaders (deterministic reduce-scatter + allgather over MPI),
+// With several nodes of one size, rank r exchanges its reduced slice with
+// node rank r of the other nodes (a peer communicator, in node order) and
+// folds the node results in node order before step 3 (run_allreduce_peers).
+// Nodes of unequal size: the leader gathers the reduced slices, reduces
+// across leaders (deterministic reduce-scatter + allgather over MPI),
 // barrier, and every rank copies the chunk from the leader's set.
 #include "shm.hpp"
 
@@ -48,9 +51,13 @@ namespace detail {
 namespace {
 
 // Defaults of the thresholds and chunk: src/config.cpp. Across nodes, small
-// messages pay two leader collectives instead of one MPI_Allreduce, so auto
-// mode leaves those to MPI (not measured: one box).
+// messages pay node barriers and a peer exchange instead of one
+// MPI_Allreduce, so auto mode leaves those to MPI. Nodes of unequal size take
+// the leader path (one leader per node exchanges, serialized with the node
+// work): on the 2-host test bed it lost to MPI_Allreduce above 4 MiB
+// (BENCHMARKS.md, "Across hosts"), so auto leaves larger messages to MPI there.
 constexpr std::size_t kMultiNodeMinimum = std::size_t{64} << 10;
+constexpr std::size_t kLeaderPathMaximum = std::size_t{4} << 20;
 constexpr std::size_t kLine = 64;     // slice alignment, bytes
 constexpr int kPeerDepth = 4;         // exchanges in flight at once across 2 nodes
 constexpr std::size_t kHeader = 128;  // flag line (+ the adjacent line)
@@ -537,10 +544,13 @@ std::shared_ptr<ShmContext> context(MPI_Comm comm, const char* call) {
 
 bool usable_comm(MPI_Comm comm);
 
-// Automatic mode, past the size thresholds: a node with at least 2 ranks,
-// and across nodes only messages large enough to pay two leader collectives.
+// Automatic mode, past the size thresholds: a node with at least 2 ranks;
+// across nodes from kMultiNodeMinimum, and on the leader path (nodes of
+// unequal size) up to kLeaderPathMaximum.
 bool worth_sharing(const ShmContext& c, std::size_t bytes) {
-    return c.max_node_size >= 2 && !(c.num_nodes > 1 && bytes < kMultiNodeMinimum);
+    if (c.max_node_size < 2) return false;
+    if (c.num_nodes == 1) return true;
+    return bytes >= kMultiNodeMinimum && (c.peers != MPI_COMM_NULL || bytes <= kLeaderPathMaximum);
 }
 
 // context(), through the per-thread cache; nullptr for an inter-communicator.
