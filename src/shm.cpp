@@ -953,8 +953,11 @@ void SharedBucket::reduce(std::size_t count, MPI_Datatype type, TypeClass, const
     for (int q = 0; q < p; ++q) in[q] = peer(q) + o;
     c.barrier();  // every rank's bucket is ready
     reduce_slice(k, in.data(), p, sl.len(me), mine + o, nullptr, div);
+    // Nodes of one size: every rank exchanges its slice with its peers.
+    const bool peers = hier && c.peers != MPI_COMM_NULL;
+    if (peers) group_allreduce(c, c.peers, c.peer_rank, mine + o, sl.len(me), k, average ? c.size : 0, call);
     c.barrier();
-    if (!hier) {
+    if (!hier || peers) {
         for (int q = 0; q < p; ++q)
             if (q != me) stream_copy(mine + sl.off(q) * ts, peer(q) + sl.off(q) * ts, sl.len(q) * ts);
     } else {
