@@ -595,6 +595,37 @@ void group_allreduce(ShmContext& c, MPI_Comm group, int me, char* buf, std::size
     }
 }
 
+// The same across exactly 2 nodes with one peer (rank other of c.peers):
+// buf goes out in chunk-sized pieces, kPeerDepth in flight, and each piece
+// is folded in node order (then divided) as it arrives.
+void pair_allreduce(ShmContext& c, char* buf, std::size_t m, const Kernel& k, int divide_by,
+                    const char* call) {
+    const std::size_t ts = k.tsize, per = c.chunk / ts;
+    const std::size_t pieces = (m + per - 1) / per;
+    const int other = 1 - c.peer_rank;
+    MPI_Request req[kPeerDepth][2];
+    auto post = [&](std::size_t i) {
+        const std::size_t n = std::min(per, m - i * per);
+        char* got = c.inbox.data() + (i % kPeerDepth) * (c.chunk + kLine);
+        const int bytes = static_cast<int>(n * ts);
+        check_mpi(MPI_Irecv(got, bytes, MPI_BYTE, other, 1, c.peers, &req[i % kPeerDepth][0]), call);
+        check_mpi(MPI_Isend(buf + i * per * ts, bytes, MPI_BYTE, other, 1, c.peers,
+                            &req[i % kPeerDepth][1]),
+                  call);
+    };
+    for (std::size_t i = 0; i < std::min<std::size_t>(pieces, kPeerDepth); ++i) post(i);
+    for (std::size_t i = 0; i < pieces; ++i) {
+        check_mpi(MPI_Waitall(2, req[i % kPeerDepth], MPI_STATUSES_IGNORE), call);
+        const std::size_t n = std::min(per, m - i * per);
+        char* mine = buf + i * per * ts;
+        const char* ins[2];
+        ins[c.peer_rank] = mine;
+        ins[other] = c.inbox.data() + (i % kPeerDepth) * (c.chunk + kLine);
+        reduce_slice(k, ins, 2, n, mine, nullptr, divide_by);
+        if (i + kPeerDepth < pieces) post(i + kPeerDepth);
+    }
+}
+
 void leader_allreduce(ShmContext& c, char* buf, std::size_t m, const Kernel& k, int divide_by,
                       const char* call) {
     group_allreduce(c, c.leaders, c.leader_rank, buf, m, k, divide_by, call);
@@ -955,7 +986,8 @@ void SharedBucket::reduce(std::size_t count, MPI_Datatype type, TypeClass, const
     reduce_slice(k, in.data(), p, sl.len(me), mine + o, nullptr, div);
     // Nodes of one size: every rank exchanges its slice with its peers.
     const bool peers = hier && c.peers != MPI_COMM_NULL;
-    if (peers) group_allreduce(c, c.peers, c.peer_rank, mine + o, sl.len(me), k, average ? c.size : 0, call);
+    if (peers && c.num_nodes == 2) pair_allreduce(c, mine + o, sl.len(me), k, average ? c.size : 0, call);
+    else if (peers) group_allreduce(c, c.peers, c.peer_rank, mine + o, sl.len(me), k, average ? c.size : 0, call);
     c.barrier();
     if (!hier || peers) {
         for (int q = 0; q < p; ++q)
