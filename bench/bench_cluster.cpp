@@ -11,8 +11,10 @@
 // Phases (the same three steps run on their own, each a profiler region, so
 // MPIML_PROFILE=DIR shows them on the timeline): intra-host reduce
 // (mpiml::allreduce on the node's communicator, shared memory), inter-host
-// exchange (MPI_Allreduce among node leaders over TCP), back to the node
-// (mpiml::broadcast from the leader on the node's communicator).
+// exchange (MPI_Allreduce of a 1/node-size slice among the ranks of equal
+// node rank, all pairs at once over TCP, as the hierarchical path exchanges),
+// back to the node (mpiml::broadcast from node rank 0 on the node's
+// communicator: the same bytes per rank as the node's final copy).
 #include <mpiml/mpiml.hpp>
 
 #include <algorithm>
@@ -76,12 +78,13 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    MPI_Comm node, leaders;
+    MPI_Comm node;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &node);
     int node_rank = 0, node_size = 0;
     MPI_Comm_rank(node, &node_rank);
     MPI_Comm_size(node, &node_size);
-    MPI_Comm_split(MPI_COMM_WORLD, node_rank == 0 ? 0 : MPI_UNDEFINED, g_rank, &leaders);
+    MPI_Comm peers;  // node rank r of every node
+    MPI_Comm_split(MPI_COMM_WORLD, node_rank, g_rank, &peers);
     const int nodes = mpiml::mpi_sum(node_rank == 0 ? 1 : 0);
     if (g_rank == 0) {
         char version[MPI_MAX_LIBRARY_VERSION_STRING];
@@ -133,9 +136,8 @@ int main(int argc, char** argv) {
                           },
                           [&] {
                               mpiml::Region r("inter-host exchange");
-                              if (leaders != MPI_COMM_NULL)
-                                  MPI_Allreduce(MPI_IN_PLACE, y.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
-                                                leaders);
+                              MPI_Allreduce(MPI_IN_PLACE, y.data(), static_cast<int>(n / node_size), MPI_FLOAT,
+                                            MPI_SUM, peers);
                           },
                           [&] {
                               mpiml::Region r("back to node");
@@ -147,7 +149,7 @@ int main(int argc, char** argv) {
                         t[1] * 1e3, t[2] * 1e3, (t[0] + t[1] + t[2]) * 1e3, t[3] * 1e3);
     }
     shm::set_mode(shm::Mode::automatic);
-    if (leaders != MPI_COMM_NULL) MPI_Comm_free(&leaders);
+    MPI_Comm_free(&peers);
     MPI_Comm_free(&node);
     return 0;
 }

@@ -13,8 +13,11 @@
 //   2. barrier; r reduces slice r over all ranks in rank order (its own part
 //      straight from its send buffer) into its set, and into recv.
 //   3. barrier; r copies the reduced slices q != r into recv.
-// With several nodes, step 3 becomes: the leader gathers the reduced slices,
-// reduces across leaders (deterministic reduce-scatter + allgather over MPI),
+// With several nodes of one size, rank r exchanges its reduced slice with
+// node rank r of the other nodes (a peer communicator, in node order) and
+// folds the node results in node order before step 3 (run_allreduce_peers).
+// Nodes of unequal size: the leader gathers the reduced slices, reduces
+// across leaders (deterministic reduce-scatter + allgather over MPI),
 // barrier, and every rank copies the chunk from the leader's set.
 #include "shm.hpp"
 
@@ -51,10 +54,15 @@ namespace detail {
 namespace {
 
 // Defaults of the thresholds and chunk: src/config.cpp. Across nodes, small
-// messages pay two leader collectives instead of one MPI_Allreduce, so auto
-// mode leaves those to MPI (not measured: one box).
+// messages pay node barriers and a peer exchange instead of one
+// MPI_Allreduce, so auto mode leaves those to MPI. Nodes of unequal size take
+// the leader path (one leader per node exchanges, serialized with the node
+// work): on the 2-host test bed it lost to MPI_Allreduce above 4 MiB
+// (BENCHMARKS.md, "Across hosts"), so auto leaves larger messages to MPI there.
 constexpr std::size_t kMultiNodeMinimum = std::size_t{64} << 10;
+constexpr std::size_t kLeaderPathMaximum = std::size_t{4} << 20;
 constexpr std::size_t kLine = 64;     // slice alignment, bytes
+constexpr int kPeerDepth = 4;         // exchanges in flight at once across 2 nodes
 constexpr std::size_t kHeader = 128;  // flag line (+ the adjacent line)
 constexpr std::size_t kBlock = 4096;  // reduction block, bytes (stays in L1)
 
@@ -306,6 +314,9 @@ inline void cpu_relax() {
 struct ShmContext {
     MPI_Comm node = MPI_COMM_NULL;     // ranks of comm sharing memory (owned)
     MPI_Comm leaders = MPI_COMM_NULL;  // node rank 0 of every node (owned; null elsewhere)
+    MPI_Comm peers = MPI_COMM_NULL;    // same node rank on every node, in node order (owned;
+                                       // only with several nodes all of one size)
+    int peer_rank = -1;                // this node's place in the node order
     int rank = 0, size = 1;            // in the user's communicator
     int node_rank = 0, node_size = 1, num_nodes = 1, leader_rank = -1, max_node_size = 1;
     std::vector<int> leader_of;        // comm rank -> leader rank of its node
@@ -318,6 +329,7 @@ struct ShmContext {
     std::uint64_t round = 0;
     int spin_limit = 64;               // pauses before yielding (see barrier)
     std::vector<char> scratch;         // leader reduce-scatter
+    std::vector<char> inbox;           // slices received from the other node (kPeerDepth)
     bool alive = false;
 
     char* set(int q) const { return data[q] + (round % 2) * chunk; }
@@ -348,6 +360,7 @@ struct ShmContext {
             MPI_Win_unlock_all(win);
             MPI_Win_free(&win);
         }
+        if (peers != MPI_COMM_NULL) MPI_Comm_free(&peers);
         if (leaders != MPI_COMM_NULL) MPI_Comm_free(&leaders);
         if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
     }
@@ -443,10 +456,18 @@ std::shared_ptr<ShmContext> create_context(MPI_Comm comm, const char* call) {
     check_mpi(MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, comm), call);
     c->leader_of.resize(c->size);
     c->node_rank_of.resize(c->size);
+    int min_node_size = c->size;
     for (int r = 0; r < c->size; ++r) {
         c->leader_of[r] = all[3 * r];
         c->node_rank_of[r] = all[3 * r + 1];
         c->max_node_size = std::max(c->max_node_size, all[3 * r + 2]);
+        min_node_size = std::min(min_node_size, all[3 * r + 2]);
+    }
+    // Nodes of one size: node rank q of every node exchanges slice q with
+    // its peers, ordered by their node's leader rank (the node order).
+    if (c->num_nodes > 1 && min_node_size == c->max_node_size) {
+        check_mpi(MPI_Comm_split(comm, c->node_rank, c->leader_of[c->rank], &c->peers), call);
+        check_mpi(MPI_Comm_rank(c->peers, &c->peer_rank), call);
     }
 
     c->chunk = cfg.chunk;
@@ -472,6 +493,7 @@ std::shared_ptr<ShmContext> create_context(MPI_Comm comm, const char* call) {
     std::atomic_ref<std::uint64_t>(*c->flag[c->node_rank]).store(0, std::memory_order_release);
     check_mpi(MPI_Barrier(c->node), call);
     if (c->num_nodes > 1) c->scratch.resize(c->chunk + kLine * c->num_nodes);
+    if (c->peers != MPI_COMM_NULL && c->num_nodes == 2) c->inbox.resize(kPeerDepth * (c->chunk + kLine));
     const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     c->spin_limit = cpus > 0 && c->node_size <= cpus ? 4096 : 64;
     return c;
@@ -502,10 +524,13 @@ std::shared_ptr<ShmContext> context(MPI_Comm comm, const char* call) {
 
 bool usable_comm(MPI_Comm comm);
 
-// Automatic mode, past the size thresholds: a node with at least 2 ranks,
-// and across nodes only messages large enough to pay two leader collectives.
+// Automatic mode, past the size thresholds: a node with at least 2 ranks;
+// across nodes from kMultiNodeMinimum, and on the leader path (nodes of
+// unequal size) up to kLeaderPathMaximum.
 bool worth_sharing(const ShmContext& c, std::size_t bytes) {
-    return c.max_node_size >= 2 && !(c.num_nodes > 1 && bytes < kMultiNodeMinimum);
+    if (c.max_node_size < 2) return false;
+    if (c.num_nodes == 1) return true;
+    return bytes >= kMultiNodeMinimum && (c.peers != MPI_COMM_NULL || bytes <= kLeaderPathMaximum);
 }
 
 // context(), through the per-thread cache; nullptr for an inter-communicator.
@@ -518,11 +543,12 @@ ShmContext* cached_context(MPI_Comm comm, const char* call) {
     return c;
 }
 
-// Deterministic allreduce of m elements of buf across the leaders: leader j
-// reduces slice j over all leaders in leader order, then all gather.
-void leader_allreduce(ShmContext& c, char* buf, std::size_t m, const Kernel& k, int divide_by,
-                      const char* call) {
-    const int L = c.num_nodes, me = c.leader_rank;
+// Deterministic allreduce of m elements of buf across the nodes, over group
+// (leaders, or the peers of one node rank; rank me of L, in node order): rank
+// j reduces slice j over all nodes in node order, then all gather.
+void group_allreduce(ShmContext& c, MPI_Comm group, int me, char* buf, std::size_t m,
+                     const Kernel& k, int divide_by, const char* call) {
+    const int L = c.num_nodes;
     const std::size_t ts = k.tsize;
     const std::size_t piece = c.chunk / ts;
     std::vector<int> scount(L), sdispl(L), rcount(L), rdispl(L);
@@ -540,12 +566,140 @@ void leader_allreduce(ShmContext& c, char* buf, std::size_t m, const Kernel& k, 
             in[j] = c.scratch.data() + rdispl[j];
         }
         check_mpi(MPI_Alltoallv(b, scount.data(), sdispl.data(), MPI_BYTE, c.scratch.data(),
-                                rcount.data(), rdispl.data(), MPI_BYTE, c.leaders),
+                                rcount.data(), rdispl.data(), MPI_BYTE, group),
                   call);
         reduce_slice(k, in.data(), L, mylen, b + sl.off(me) * ts, nullptr, divide_by);
         check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, b, scount.data(),
-                                 sdispl.data(), MPI_BYTE, c.leaders),
+                                 sdispl.data(), MPI_BYTE, group),
                   call);
+    }
+}
+
+// The same across exactly 2 nodes with one peer (rank other of c.peers):
+// buf goes out in chunk-sized pieces, kPeerDepth in flight, and each piece
+// is folded in node order (then divided) as it arrives.
+void pair_allreduce(ShmContext& c, char* buf, std::size_t m, const Kernel& k, int divide_by,
+                    const char* call) {
+    const std::size_t ts = k.tsize, per = c.chunk / ts;
+    const std::size_t pieces = (m + per - 1) / per;
+    const int other = 1 - c.peer_rank;
+    MPI_Request req[kPeerDepth][2];
+    auto post = [&](std::size_t i) {
+        const std::size_t n = std::min(per, m - i * per);
+        char* got = c.inbox.data() + (i % kPeerDepth) * (c.chunk + kLine);
+        const int bytes = static_cast<int>(n * ts);
+        check_mpi(MPI_Irecv(got, bytes, MPI_BYTE, other, 1, c.peers, &req[i % kPeerDepth][0]), call);
+        check_mpi(MPI_Isend(buf + i * per * ts, bytes, MPI_BYTE, other, 1, c.peers,
+                            &req[i % kPeerDepth][1]),
+                  call);
+    };
+    for (std::size_t i = 0; i < std::min<std::size_t>(pieces, kPeerDepth); ++i) post(i);
+    for (std::size_t i = 0; i < pieces; ++i) {
+        check_mpi(MPI_Waitall(2, req[i % kPeerDepth], MPI_STATUSES_IGNORE), call);
+        const std::size_t n = std::min(per, m - i * per);
+        char* mine = buf + i * per * ts;
+        const char* ins[2];
+        ins[c.peer_rank] = mine;
+        ins[other] = c.inbox.data() + (i % kPeerDepth) * (c.chunk + kLine);
+        reduce_slice(k, ins, 2, n, mine, nullptr, divide_by);
+        if (i + kPeerDepth < pieces) post(i + kPeerDepth);
+    }
+}
+
+void leader_allreduce(ShmContext& c, char* buf, std::size_t m, const Kernel& k, int divide_by,
+                      const char* call) {
+    group_allreduce(c, c.leaders, c.leader_rank, buf, m, k, divide_by, call);
+}
+
+// Slice q of a chunk of m elements when every chunk is cut like the first
+// one (base elements) and the last, shorter one clipped: rank q owns the same
+// bytes of every set in every chunk, so a set's slice is never read by one
+// rank while its owner writes it for a later chunk.
+struct FixedSlices {
+    FixedSlices(std::size_t base, std::size_t m_, int p, std::size_t ts) : full(base, p, ts), m(m_) {}
+    std::size_t off(int q) const { return std::min(m, full.off(q)); }
+    std::size_t len(int q) const { return off(q + 1) - off(q); }
+    Slices full;
+    std::size_t m;
+};
+
+// The hierarchical allreduce with nodes of one size. Node rank r, per chunk:
+// reduces slice r over its node (shared memory) into recv, exchanges it with
+// node rank r of every other node (every rank uses the network at once), folds
+// the node results in node order into recv and into its set, and the node
+// copies the slices from the sets. One node barrier per step: step t copies
+// chunk t into the sets and writes the folded slice of chunk t - D, barrier,
+// then reduces chunk t (and starts its exchange) and copies chunk t - D out.
+// With 2 nodes D exchanges are in flight while the node works; with more,
+// each exchange is a blocking reduce-scatter + allgather (D = 1).
+void run_allreduce_peers(ShmContext& c, const char* send, char* recv, std::size_t count,
+                         const Kernel& k, const char* call) {
+    const std::size_t ts = k.tsize;
+    const std::size_t per = c.chunk / ts;
+    const int p = c.node_size, me = c.node_rank;
+    const bool pair = c.num_nodes == 2;
+    const std::size_t base = std::min(per, count);
+    const std::size_t chunks = (count + per - 1) / per;
+    const std::size_t depth = pair ? std::min<std::size_t>(kPeerDepth, chunks) : 1;
+    std::vector<const char*> in(p);
+    struct Exchange {
+        char* out = nullptr;  // this rank's slice in recv (sent; the result goes here)
+        char* got = nullptr;  // the other node's slice
+        std::size_t len = 0;
+        MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    };
+    Exchange ex[kPeerDepth];
+    const int other = 1 - c.peer_rank;
+    for (std::size_t t = 0; t < chunks + depth; ++t) {
+        ++c.round;
+        const bool reduce = t < chunks, fold = t >= depth;
+        const std::size_t j = t - depth;  // chunk folded and copied out (if fold)
+        const std::size_t m = reduce ? std::min(per, count - t * per) : 0;
+        const char* s = reduce ? send + t * per * ts : send;
+        char* r = reduce ? recv + t * per * ts : recv;
+        const FixedSlices sl(base, m, p, ts);
+        char* mine = c.set(me);
+        if (reduce)
+            for (int q = 0; q < p; ++q)
+                if (q != me) std::memcpy(mine + sl.off(q) * ts, s + sl.off(q) * ts, sl.len(q) * ts);
+        const std::size_t mj = fold ? std::min(per, count - j * per) : 0;
+        const FixedSlices slj(base, mj, p, ts);
+        Exchange& e = ex[j % kPeerDepth];
+        if (fold) {
+            char* shared = mine + slj.off(me) * ts;
+            if (pair) {
+                check_mpi(MPI_Waitall(2, e.req, MPI_STATUSES_IGNORE), call);
+                const char* ins[2];
+                ins[c.peer_rank] = e.out;
+                ins[other] = e.got;
+                reduce_slice(k, ins, 2, e.len, e.out, shared, 0);
+            } else {
+                std::memcpy(shared, e.out, e.len * ts);
+            }
+        }
+        c.barrier();
+        if (reduce) {
+            const std::size_t o = sl.off(me) * ts, len = sl.len(me);
+            for (int q = 0; q < p; ++q) in[q] = q == me ? s + o : c.set(q) + o;
+            Exchange& n = ex[t % kPeerDepth];
+            n.out = r + o;
+            n.len = len;
+            reduce_slice(k, in.data(), p, len, n.out, nullptr, 0);
+            if (pair) {
+                const int bytes = static_cast<int>(len * ts);
+                n.got = c.inbox.data() + (t % kPeerDepth) * (c.chunk + kLine);
+                check_mpi(MPI_Irecv(n.got, bytes, MPI_BYTE, other, 0, c.peers, &n.req[0]), call);
+                check_mpi(MPI_Isend(n.out, bytes, MPI_BYTE, other, 0, c.peers, &n.req[1]), call);
+            } else {
+                group_allreduce(c, c.peers, c.peer_rank, n.out, len, k, 0, call);
+            }
+        }
+        if (fold) {
+            char* rj = recv + j * per * ts;
+            for (int q = 0; q < p; ++q)
+                if (q != me)
+                    std::memcpy(rj + slj.off(q) * ts, c.set(q) + slj.off(q) * ts, slj.len(q) * ts);
+        }
     }
 }
 
@@ -555,6 +709,7 @@ void run_allreduce(ShmContext& c, const char* send, char* recv, std::size_t coun
     const std::size_t per = c.chunk / ts;
     const int p = c.node_size, me = c.node_rank;
     const bool hier = c.num_nodes > 1;
+    if (hier && c.peers != MPI_COMM_NULL) return run_allreduce_peers(c, send, recv, count, k, call);
     std::vector<const char*> in(p);
     for (std::size_t done = 0; done < count;) {
         const std::size_t m = std::min(per, count - done);
@@ -809,8 +964,12 @@ void SharedBucket::reduce(std::size_t count, MPI_Datatype type, TypeClass, const
     for (int q = 0; q < p; ++q) in[q] = peer(q) + o;
     c.barrier();  // every rank's bucket is ready
     reduce_slice(k, in.data(), p, sl.len(me), mine + o, nullptr, div);
+    // Nodes of one size: every rank exchanges its slice with its peers.
+    const bool peers = hier && c.peers != MPI_COMM_NULL;
+    if (peers && c.num_nodes == 2) pair_allreduce(c, mine + o, sl.len(me), k, average ? c.size : 0, call);
+    else if (peers) group_allreduce(c, c.peers, c.peer_rank, mine + o, sl.len(me), k, average ? c.size : 0, call);
     c.barrier();
-    if (!hier) {
+    if (!hier || peers) {
         for (int q = 0; q < p; ++q)
             if (q != me) stream_copy(mine + sl.off(q) * ts, peer(q) + sl.off(q) * ts, sl.len(q) * ts);
     } else {

@@ -6,8 +6,10 @@
 // rank reduces its slice over all ranks' buckets, then copies the others'
 // reduced slices back, (3 - 1/p) * n bytes of memory traffic per rank.
 //
-// Ranks of a node reduce through shared memory; with several nodes, one leader
-// per node then reduces across nodes over MPI, and the node reads the result.
+// Ranks of a node reduce through shared memory; with several nodes, each node
+// rank r reduces its slice across nodes over MPI with node rank r of the other
+// nodes (one leader per node when nodes differ in size), and the node reads
+// the result.
 // Reductions run in a fixed order (node rank order, then node order), so every
 // rank gets bit-identical results, run after run.
 //
