@@ -100,6 +100,33 @@ if [ -x "$fc" ]; then
 fi
 unset MPIML_TIMEOUT
 
+# MPICH: the same hosts through Hydra's rsh launcher and the same agent, with
+# the MPICH build of the tests (scripts/test.sh builds it before this stage).
+mpich_build=${MPICH_BUILD:-$root/build-mpich}
+if [ -x "$mpich_build/tests/test_core" ] && command -v mpiexec.mpich > /dev/null; then
+  echo "-- MPICH (Hydra) across hosts: $mpich_build"
+  for t in test_core test_shm cluster_hash; do
+    [ -x "$mpich_build/tests/$t" ] || { echo "  skip  mpich.$t (not built)"; continue; }
+    name=mpich.$t.h1_2_h2_2
+    t0=$(date +%s.%N)
+    filter=()
+    [ $t = test_shm ] && filter=(--gtest_filter='-ShmAllreduce.*Int*:ShmAllreduce.*Short:ShmAllreduce.*Long*:ShmAllreduce.Above64MiB')
+    MPIML_CLUSTER_MPI=mpich timeout 400 "$cl" run -n 4 -hosts h1:2,h2:2 "$mpich_build/tests/$t" "${filter[@]}" > "$log/$name.log" 2>&1
+    rc=$?
+    if [ $t = cluster_hash ]; then
+      # every rank holds the same bits (else exit 1), and MPI sees 2 nodes; the
+      # bits themselves differ from Open MPI's where MPI_Allreduce reduces
+      grep -q '^cluster_hash: [0-9a-f]* nodes=2 hosts=h1,h1,h2,h2$' "$log/$name.log" || rc=1
+    else
+      [ $rc -eq 0 ] && [ "$(grep -c 'PASSED' "$log/$name.log")" -ge 4 ] || rc=1
+    fi
+    hosts_empty >> "$log/$name.log" || rc=1
+    result "$name" $rc "($(secs "$t0") s)"
+  done
+else
+  echo "-- MPICH across hosts: skipped (no MPICH build at $mpich_build or no mpiexec.mpich)"
+fi
+
 if [ "${PPO:-1}" = 1 ] && [ -x "$build/apps/mpiml-ppo" ]; then
   target=${PPO_TARGET:-150} epochs=${PPO_EPOCHS:-15}
   echo "-- mpiml-ppo --cpu 4 across 2 hosts (mpi_fork with MPIML_HOSTFILE), CartPole-v1 seed 0, AverageEpRet >= $target within $epochs epochs"
