@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <climits>
 #include <complex>
 #include <cstdint>
@@ -348,7 +349,7 @@ struct ShmContext {
 
     // Flags in shared memory: a seq_cst store on arrival, acquire on every
     // peer. A waiter spins (long when every rank has a core of its own,
-    // briefly when ranks outnumber cores), yields a few times, then sleeps
+    // briefly when ranks outnumber cores), yields for kYieldTime, then sleeps
     // on a futex on the low half of the peer's flag after counting itself in
     // the peer's waiter word; an arriving rank wakes only when that count is
     // non-zero, so the uncontended path stays a store. Store-then-load on
@@ -362,20 +363,27 @@ struct ShmContext {
         for (int q = 0; q < node_size; ++q) {
             if (q == node_rank) continue;
             std::atomic_ref<std::uint64_t> f(*flag[q]);
+            std::chrono::steady_clock::time_point yielding;
             for (int spins = 0; f.load(std::memory_order_acquire) < epoch; ++spins) {
                 if (spins < spin_limit) {
                     cpu_relax();
-                } else if (spins < spin_limit + kYields) {
-                    sched_yield();
-                } else {
+                    continue;
+                }
+                const auto now = std::chrono::steady_clock::now();
+                if (spins == spin_limit) {
+                    yielding = now;
+                } else if (now - yielding > kYieldTime) {
                     sleep_on(q);
                     break;
                 }
+                sched_yield();
             }
         }
     }
 
-    static constexpr int kYields = 8;  // sched_yield calls before sleeping
+    // Yielding before sleeping: a peer that is about to arrive (ranks
+    // outnumbering cores) costs no wake-up.
+    static constexpr auto kYieldTime = std::chrono::microseconds(100);
     std::uint32_t* waiters(int q) const {
         return reinterpret_cast<std::uint32_t*>(reinterpret_cast<char*>(flag[q]) + 8);
     }
