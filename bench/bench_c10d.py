@@ -11,7 +11,9 @@ with new_group(backend="gloo"). Parts:
          buckets) on Spinning Up's (64,64) MLP actor-critic and on the
          ResNet-50-sized parameter set (161 tensors, 25.6 M float32); the
          same step on the bare module, without DDP, is measured too, and
-         "comm" is the DDP step minus the bare step.
+         "comm" is the DDP step minus the bare step; "nocomm" is DDP with
+         a communication hook that returns the bucket untouched (DDP's own
+         bucket copies, no all_reduce).
 Rank 0 prints JSON lines; times are the slowest rank's, median of rounds
 (bench/peers/common.py's protocol).
 """
@@ -59,6 +61,13 @@ class Step(nn.Module):
         return pi.mu_net(x).sum() + v.v_net(x).sum() + pi.log_std.sum()
 
 
+def no_comm_hook(state, bucket):
+    """DDP with its bucket copies but no communication: the bucket as is."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
 def main():
     max_bytes = int(common.arg("max-bytes", 64 << 20))
     rounds = int(common.arg("rounds", 5))
@@ -90,11 +99,14 @@ def main():
             x = torch.randn(64, 17) if name == "ac64" else torch.ones(1)
             variants = []
             keep = []
-            for impl, group in (("local", None), ("mpiml", None), ("gloo", gloo)):
+            for impl, group in (("local", None), ("nocomm", None), ("mpiml", None),
+                                ("gloo", gloo)):
                 torch.manual_seed(0)
                 model = Step(common.make_model(name), name)
                 if impl != "local":
                     model = DDP(model, process_group=group)
+                if impl == "nocomm":
+                    model.register_comm_hook(None, no_comm_hook)
                 keep.append(model)
 
                 def step(model=model):

@@ -30,7 +30,10 @@
 #include <mpiml/error.hpp>
 #include <mpiml/shm.hpp>
 
+#include <linux/futex.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -38,6 +41,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
+#include <chrono>
 #include <climits>
 #include <complex>
 #include <cstdint>
@@ -334,20 +339,68 @@ struct ShmContext {
 
     char* set(int q) const { return data[q] + (round % 2) * chunk; }
 
-    // Flags in shared memory: release on arrival, acquire on every peer.
-    // Spins (long when every rank has a core of its own, briefly when ranks
-    // outnumber cores), then yields.
+    // Flags in shared memory: a seq_cst store on arrival, acquire on every
+    // peer. A waiter spins (long when every rank has a core of its own,
+    // briefly when ranks outnumber cores), yields for kYieldTime, then sleeps
+    // on a futex on the low half of the peer's flag after counting itself in
+    // the peer's waiter word; an arriving rank wakes only when that count is
+    // non-zero, so the uncontended path stays a store. Store-then-load on
+    // both sides (seq_cst) means either the waiter sees the new epoch or the
+    // arriving rank sees the waiter; FUTEX_WAIT re-checks the word itself.
     void barrier() {
         ++epoch;
-        std::atomic_ref<std::uint64_t>(*flag[node_rank]).store(epoch, std::memory_order_release);
+        std::atomic_ref<std::uint64_t>(*flag[node_rank]).store(epoch, std::memory_order_seq_cst);
+        if (std::atomic_ref<std::uint32_t>(*waiters(node_rank)).load(std::memory_order_seq_cst) != 0)
+            futex_wake(futex_word(node_rank));
         for (int q = 0; q < node_size; ++q) {
             if (q == node_rank) continue;
             std::atomic_ref<std::uint64_t> f(*flag[q]);
+            std::chrono::steady_clock::time_point yielding;
             for (int spins = 0; f.load(std::memory_order_acquire) < epoch; ++spins) {
-                if (spins < spin_limit) cpu_relax();
-                else sched_yield();
+                if (spins < spin_limit) {
+                    cpu_relax();
+                    continue;
+                }
+                const auto now = std::chrono::steady_clock::now();
+                if (spins == spin_limit) {
+                    yielding = now;
+                } else if (now - yielding > kYieldTime) {
+                    sleep_on(q);
+                    break;
+                }
+                sched_yield();
             }
         }
+    }
+
+    // Yielding before sleeping: a peer that is about to arrive (ranks
+    // outnumbering cores) costs no wake-up.
+    static constexpr auto kYieldTime = std::chrono::microseconds(100);
+    std::uint32_t* waiters(int q) const {
+        return reinterpret_cast<std::uint32_t*>(reinterpret_cast<char*>(flag[q]) + 8);
+    }
+    std::uint32_t* futex_word(int q) const {  // low half of the 64-bit flag
+        static_assert(std::endian::native == std::endian::little);
+        return reinterpret_cast<std::uint32_t*>(flag[q]);
+    }
+    static void futex_wake(std::uint32_t* word) {
+        // Not FUTEX_PRIVATE: the word is in memory shared between processes.
+        syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+    }
+    // Blocks until peer q's flag reaches epoch. The timeout is only a safety
+    // net; a job stuck here is ended by the watchdog, from its own thread.
+    void sleep_on(int q) {
+        std::atomic_ref<std::uint64_t> f(*flag[q]);
+        std::atomic_ref<std::uint32_t> w(*waiters(q));
+        w.fetch_add(1, std::memory_order_seq_cst);
+        for (;;) {
+            const std::uint64_t v = f.load(std::memory_order_seq_cst);
+            if (v >= epoch) break;
+            const timespec limit{0, 50'000'000};
+            syscall(SYS_futex, futex_word(q), FUTEX_WAIT, static_cast<std::uint32_t>(v), &limit,
+                    nullptr, 0);
+        }
+        w.fetch_sub(1, std::memory_order_relaxed);
     }
 
     void release() noexcept {
@@ -491,6 +544,7 @@ std::shared_ptr<ShmContext> create_context(MPI_Comm comm, const char* call) {
         c->data[q] = seg + kHeader;
     }
     std::atomic_ref<std::uint64_t>(*c->flag[c->node_rank]).store(0, std::memory_order_release);
+    std::atomic_ref<std::uint32_t>(*c->waiters(c->node_rank)).store(0, std::memory_order_release);
     check_mpi(MPI_Barrier(c->node), call);
     if (c->num_nodes > 1) c->scratch.resize(c->chunk + kLine * c->num_nodes);
     if (c->peers != MPI_COMM_NULL && c->num_nodes == 2) c->inbox.resize(kPeerDepth * (c->chunk + kLine));
