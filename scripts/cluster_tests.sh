@@ -8,9 +8,9 @@
 # Prints "cluster tests: P passed, F failed"; exits 0 if all passed, 77 with
 # the reason if this machine cannot build the cluster (needs root, ip netns),
 # 1 otherwise. The cluster is removed at the end, also on failure.
-# PPO=0 skips the PPO run; PPO_TARGET (150) and PPO_EPOCHS (15): it passes when
-# AverageEpRet reaches PPO_TARGET within PPO_EPOCHS epochs (CI budget; the
-# one-host learning check's bar is 475 within 60: PPO_TARGET=475 PPO_EPOCHS=60).
+# PPO=0 skips the PPO run; it passes when AverageEpRet reaches PPO_TARGET
+# within PPO_EPOCHS epochs: by default the one-host learning check's bar, 475
+# within 60 (seed 0 reaches it in 14 epochs; the run stops there).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
@@ -128,7 +128,7 @@ else
 fi
 
 if [ "${PPO:-1}" = 1 ] && [ -x "$build/apps/mpiml-ppo" ]; then
-  target=${PPO_TARGET:-150} epochs=${PPO_EPOCHS:-15}
+  target=${PPO_TARGET:-475} epochs=${PPO_EPOCHS:-60}
   echo "-- mpiml-ppo --cpu 4 across 2 hosts (mpi_fork with MPIML_HOSTFILE), CartPole-v1 seed 0, AverageEpRet >= $target within $epochs epochs"
   out=$log/ppo
   rm -rf "$out"
