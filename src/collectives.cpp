@@ -19,13 +19,13 @@
 namespace mpiml {
 
 ReduceOp::ReduceOp(Op op) : known_(op) {
-    native_ = detail::native_op(op);
+    native_ = detail::op_info(op).native;
     if (native_ == MPI_OP_NULL) detail::fail("mpiml::ReduceOp", "invalid mpiml::Op value");
 }
 
 ReduceOp::ReduceOp(MPI_Op op) : native_(op) {
     for (Op o : detail::all_ops)
-        if (detail::native_op(o) == op) known_ = o;
+        if (detail::op_info(o).native == op) known_ = o;
 }
 
 const char* ReduceOp::name() const {

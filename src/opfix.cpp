@@ -16,7 +16,6 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
-#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -93,13 +92,9 @@ MPI_Op probe_type(MPI_Datatype type, Op op, MPI_Op native) {
 MPI_Op probe_any(MPI_Datatype t, Op op, MPI_Op native) {
     const TypeInfo* e = find_type(t);
     if (!e || e->cls != TypeClass::integer) return native;
-    return with_rep(e->rep, [&]<class... T>(T...) -> MPI_Op {
-        if constexpr (sizeof...(T) == 1) {
-            using U = typename std::tuple_element_t<0, std::tuple<T...>>::type;
-            if constexpr (std::is_integral_v<U> && !std::is_same_v<U, bool>)
-                return probe_type<U>(t, op, native);
-        }
-        return native;
+    return with_rep(e->rep, [&]<class T>(std::type_identity<T>) -> MPI_Op {
+        if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) return probe_type<T>(t, op, native);
+        else return native;
     });
 }
 

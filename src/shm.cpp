@@ -234,9 +234,9 @@ Kernel kernel_of(Op op) {
 Kernel resolve(MPI_Datatype t, Op op) {
     const TypeInfo* e = find_type(t);
     if (!e) return {};
-    Kernel k = with_rep(e->rep, [&]<class... T>(T...) -> Kernel {
-        if constexpr (sizeof...(T) == 1) return kernel_of<typename T::type...>(op);
-        else return {};
+    Kernel k = with_rep(e->rep, [&]<class T>(std::type_identity<T>) -> Kernel {
+        if constexpr (std::is_void_v<T>) return {};
+        else return kernel_of<T>(op);
     });
     int size = 0;
     if (!k.combine || MPI_Type_size(t, &size) != MPI_SUCCESS || static_cast<std::size_t>(size) != k.tsize)
@@ -629,6 +629,18 @@ void group_allreduce(ShmContext& c, MPI_Comm group, int me, char* buf, std::size
     }
 }
 
+// Starts the exchange of bytes at out with the other node's peer (2 nodes),
+// received into inbox slot i % kPeerDepth; returns where the peer's bytes land.
+char* post_pair_exchange(ShmContext& c, std::size_t i, char* out, std::size_t bytes, int tag,
+                         MPI_Request (&req)[2], const char* call) {
+    char* got = c.inbox.data() + (i % kPeerDepth) * (c.chunk + kLine);
+    const int other = 1 - c.peer_rank;
+    const int n = static_cast<int>(bytes);
+    check_mpi(MPI_Irecv(got, n, MPI_BYTE, other, tag, c.peers, &req[0]), call);
+    check_mpi(MPI_Isend(out, n, MPI_BYTE, other, tag, c.peers, &req[1]), call);
+    return got;
+}
+
 // The same across exactly 2 nodes with one peer (rank other of c.peers):
 // buf goes out in chunk-sized pieces, kPeerDepth in flight, and each piece
 // is folded in node order (then divided) as it arrives.
@@ -638,14 +650,10 @@ void pair_allreduce(ShmContext& c, char* buf, std::size_t m, const Kernel& k, in
     const std::size_t pieces = (m + per - 1) / per;
     const int other = 1 - c.peer_rank;
     MPI_Request req[kPeerDepth][2];
+    const char* got[kPeerDepth] = {};
     auto post = [&](std::size_t i) {
         const std::size_t n = std::min(per, m - i * per);
-        char* got = c.inbox.data() + (i % kPeerDepth) * (c.chunk + kLine);
-        const int bytes = static_cast<int>(n * ts);
-        check_mpi(MPI_Irecv(got, bytes, MPI_BYTE, other, 1, c.peers, &req[i % kPeerDepth][0]), call);
-        check_mpi(MPI_Isend(buf + i * per * ts, bytes, MPI_BYTE, other, 1, c.peers,
-                            &req[i % kPeerDepth][1]),
-                  call);
+        got[i % kPeerDepth] = post_pair_exchange(c, i, buf + i * per * ts, n * ts, 1, req[i % kPeerDepth], call);
     };
     for (std::size_t i = 0; i < std::min<std::size_t>(pieces, kPeerDepth); ++i) post(i);
     for (std::size_t i = 0; i < pieces; ++i) {
@@ -654,7 +662,7 @@ void pair_allreduce(ShmContext& c, char* buf, std::size_t m, const Kernel& k, in
         char* mine = buf + i * per * ts;
         const char* ins[2];
         ins[c.peer_rank] = mine;
-        ins[other] = c.inbox.data() + (i % kPeerDepth) * (c.chunk + kLine);
+        ins[other] = got[i % kPeerDepth];
         reduce_slice(k, ins, 2, n, mine, nullptr, divide_by);
         if (i + kPeerDepth < pieces) post(i + kPeerDepth);
     }
@@ -740,10 +748,7 @@ void run_allreduce_peers(ShmContext& c, const char* send, char* recv, std::size_
             n.len = len;
             reduce_slice(k, in.data(), p, len, n.out, nullptr, 0);
             if (pair) {
-                const int bytes = static_cast<int>(len * ts);
-                n.got = c.inbox.data() + (t % kPeerDepth) * (c.chunk + kLine);
-                check_mpi(MPI_Irecv(n.got, bytes, MPI_BYTE, other, 0, c.peers, &n.req[0]), call);
-                check_mpi(MPI_Isend(n.out, bytes, MPI_BYTE, other, 0, c.peers, &n.req[1]), call);
+                n.got = post_pair_exchange(c, t, n.out, len * ts, 0, n.req, call);
             } else {
                 group_allreduce(c, c.peers, c.peer_rank, n.out, len, k, 0, call);
             }

@@ -36,20 +36,20 @@ const TypeInfo* type_by_id(std::int64_t id) {
                                                                  : nullptr;
 }
 
-MPI_Op native_op(Op op) {
+OpInfo op_info(Op op) {
     switch (op) {
-        case Op::sum: return MPI_SUM;
-        case Op::prod: return MPI_PROD;
-        case Op::min: return MPI_MIN;
-        case Op::max: return MPI_MAX;
-        case Op::land: return MPI_LAND;
-        case Op::lor: return MPI_LOR;
-        case Op::lxor: return MPI_LXOR;
-        case Op::band: return MPI_BAND;
-        case Op::bor: return MPI_BOR;
-        case Op::bxor: return MPI_BXOR;
+        case Op::sum: return {"sum", MPI_SUM};
+        case Op::prod: return {"prod", MPI_PROD};
+        case Op::min: return {"min", MPI_MIN};
+        case Op::max: return {"max", MPI_MAX};
+        case Op::land: return {"land", MPI_LAND};
+        case Op::lor: return {"lor", MPI_LOR};
+        case Op::lxor: return {"lxor", MPI_LXOR};
+        case Op::band: return {"band", MPI_BAND};
+        case Op::bor: return {"bor", MPI_BOR};
+        case Op::bxor: return {"bxor", MPI_BXOR};
     }
-    return MPI_OP_NULL;
+    return {"invalid op", MPI_OP_NULL};
 }
 
 }  // namespace detail
@@ -59,20 +59,6 @@ const char* datatype_name(MPI_Datatype t) {
     return e ? e->name : "MPI datatype";
 }
 
-const char* op_name(Op op) {
-    switch (op) {
-        case Op::sum: return "sum";
-        case Op::prod: return "prod";
-        case Op::min: return "min";
-        case Op::max: return "max";
-        case Op::land: return "land";
-        case Op::lor: return "lor";
-        case Op::lxor: return "lxor";
-        case Op::band: return "band";
-        case Op::bor: return "bor";
-        case Op::bxor: return "bxor";
-    }
-    return "invalid op";
-}
+const char* op_name(Op op) { return detail::op_info(op).name; }
 
 }  // namespace mpiml

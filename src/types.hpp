@@ -48,8 +48,13 @@ constexpr bool op_allowed(Op op, TypeClass cls) {
 /// Every mpiml::Op, in order.
 inline constexpr Op all_ops[] = {Op::sum, Op::prod, Op::min,  Op::max, Op::land,
                                  Op::lor, Op::lxor, Op::band, Op::bor, Op::bxor};
-/// MPI's predefined op for an mpiml::Op.
-MPI_Op native_op(Op op);
+/// An mpiml::Op's name and MPI's predefined op for it (name "invalid op",
+/// MPI_OP_NULL for a value outside the enum).
+struct OpInfo {
+    const char* name;
+    MPI_Op native;
+};
+OpInfo op_info(Op op);
 
 template <class T>
 constexpr Rep rep_of() {
@@ -81,7 +86,7 @@ constexpr TypeClass class_of() {
     else return TypeClass::integer;
 }
 
-/// Calls f(std::type_identity<T>{}) with the C++ type of rep; f() for none.
+/// Calls f(std::type_identity<T>{}) with the C++ type of rep (void for none).
 template <class F>
 decltype(auto) with_rep(Rep rep, F&& f) {
     switch (rep) {
@@ -101,7 +106,7 @@ decltype(auto) with_rep(Rep rep, F&& f) {
         case Rep::c128: return f(std::type_identity<std::complex<double>>{});
         case Rep::none: break;
     }
-    return f();
+    return f(std::type_identity<void>{});
 }
 
 }  // namespace mpiml::detail
