@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tests across hosts on scripts/cluster.sh's cluster (2 hosts, TCP between them):
 # the test binaries at 2 hosts x 2 ranks and 2 x 1, simulated nodes against
-# real ones bit for bit, faults on one host, and mpiml-ppo spanning both hosts.
+# real ones bit for bit, faults on one host, mpiml-ppo spanning both hosts,
+# then 3 hosts (equal and unequal nodes).
 #
 #   scripts/cluster_tests.sh [build dir]     (default: build)
 #
@@ -18,7 +19,8 @@ cl=$root/scripts/cluster.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 why=$("$cl" check 2>&1)
 if [ $? -eq 77 ]; then echo "cluster tests: SKIPPED: $why"; exit 77; fi
-"$cl" up 2 || { echo "cluster tests: cannot bring the cluster up"; exit 1; }
+hosts=2
+"$cl" up $hosts || { echo "cluster tests: cannot bring the cluster up"; exit 1; }
 trap '"$cl" down > /dev/null 2>&1' EXIT INT TERM
 mpirun_cl=${MPIML_CLUSTER_DIR:-/run/mpiml-cluster}/mpirun
 log=$build/cluster-tests
@@ -32,11 +34,11 @@ result() {  # name rc [detail]
 hosts_empty() {
   local t
   for t in $(seq 20); do
-    [ -z "$(ip netns pids mpiml-h1; ip netns pids mpiml-h2)" ] && return 0
+    [ -z "$(for h in $(ip netns list | awk '/^mpiml-h[0-9]/ { print $1 }'); do ip netns pids "$h"; done)" ] && return 0
     sleep 0.5
   done
   echo "left running:"; "$cl" ps
-  "$cl" down > /dev/null; "$cl" up 2 > /dev/null  # clean slate for the next case
+  "$cl" down > /dev/null; "$cl" up "$hosts" > /dev/null  # clean slate for the next case
   return 1
 }
 secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
@@ -144,6 +146,39 @@ if [ "${PPO:-1}" = 1 ] && [ -x "$build/apps/mpiml-ppo" ]; then
   rc=$?
   hosts_empty >> "$log/ppo.log" || rc=1
   result ppo_across_hosts $rc "(best AverageEpRet ${best:-none}, ranks per host: ${lanes:-none}, $(secs "$t0") s)"
+fi
+
+# 3 hosts: the per-node-rank exchange among 3 nodes (a reduce-scatter and an
+# allgather per chunk, not the 2-node pairwise one) and the leader path of
+# nodes of unequal size, each against its one-host simulation bit for bit.
+echo "-- 3 hosts (h1 h2 h3)"
+"$cl" down > /dev/null 2>&1
+hosts=3
+if "$cl" up $hosts > "$log/up3.log" 2>&1; then
+  for t in test_core test_shm; do
+    name=$t.h1_1_h2_1_h3_1
+    t0=$(date +%s.%N)
+    filter=()
+    [ $t = test_shm ] && filter=(--gtest_filter='-ShmAllreduce.*Int*:ShmAllreduce.*Short:ShmAllreduce.*Long*:ShmAllreduce.Above64MiB')
+    timeout 400 "$cl" run -np 3 --host h1:1,h2:1,h3:1 "$build/tests/$t" "${filter[@]}" > "$log/$name.log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] && [ "$(grep -c 'PASSED' "$log/$name.log")" -ge 3 ] || rc=1
+    hosts_empty >> "$log/$name.log" || rc=1
+    result "$name" $rc "($(secs "$t0") s)"
+  done
+  for layout in "1 h1:1,h2:1,h3:1 3 3" "2 h1:2,h2:2,h3:1 5 3"; do
+    read -r split hl np nodes <<< "$layout"
+    name=hash3.np$np
+    sim=$(MPIML_NODE_SPLIT=$split timeout 120 mpirun --oversubscribe -np "$np" "$build/tests/cluster_hash" 2>&1)
+    real=$(timeout 120 "$cl" run -np "$np" --host "$hl" "$build/tests/cluster_hash" 2>&1)
+    printf 'simulated: %s\nreal: %s\n' "$sim" "$real" > "$log/$name.log"
+    hs=$(sed -n 's/^cluster_hash: \([0-9a-f]*\) .*/\1/p' <<< "$sim")
+    hr=$(sed -n "s/^cluster_hash: \\([0-9a-f]*\\) nodes=$nodes .*/\\1/p" <<< "$real")
+    [ -n "$hs" ] && [ "$hs" = "$hr" ]
+    result "$name" $? "($hl; simulated $hs, real ${hr:-none})"
+  done
+else
+  echo "  FAIL  cannot bring up 3 hosts (log: $log/up3.log)"; failed=$((failed + 1))
 fi
 
 echo "cluster tests: $passed passed, $failed failed"
