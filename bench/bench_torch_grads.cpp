@@ -200,6 +200,11 @@ void bench_model(const Options& opt, const std::vector<int64_t>& hidden, std::ve
 
     std::vector<float> flat(numel, 1.0f);
     const int n = static_cast<int>(numel);
+    // The shared-memory floor of bucket views: the same bytes (and one flag
+    // per tensor) averaged in one SharedBucket, no tensors involved.
+    const std::size_t bucket_floats = numel + params.size();
+    mpiml::SharedBucket bucket(bucket_floats * sizeof(float));
+    std::fill_n(static_cast<float*>(bucket.data()), bucket_floats, 1.0f);
     const float inv = 1.0f / static_cast<float>(size);
 
     const std::vector<std::pair<std::string, std::function<void()>>> grads = {
@@ -208,6 +213,8 @@ void bench_model(const Options& opt, const std::vector<int64_t>& hidden, std::ve
         {"GradAverager, bucket views", [&] { avg_obj_views(); }},
         {"mpi_avg_grads, bucket views",
          [&] { mpiml::mpi_avg_grads(ac_views, {opt.bucket_cap, /*gradient_as_bucket_view=*/true}); }},
+        {"SharedBucket::average, same bytes", [&] { bucket.average(bucket_floats, MPI_FLOAT); }},
+        {"SharedBucket::average, 16 floats", [&] { bucket.average(16, MPI_FLOAT); }},
         {"per-parameter MPI_Allreduce",
          [&] {
              for (const auto& p : params) {
