@@ -43,36 +43,44 @@ hosts_empty() {
 }
 secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
-echo "-- test binaries across hosts (hierarchical path over TCP)"
-for t in test_core test_shm test_profile test_torch; do
-  [ -x "$build/tests/$t" ] || { echo "  skip  $t (not built)"; continue; }
-  for layout in h1:2,h2:2 h1:1,h2:1; do
-    np=$(tr , '\n' <<< "$layout" | awk -F: '{ n += $2 } END { print n }')
-    name=$t.${layout//[:,]/_}
-    t0=$(date +%s.%N)
-    filter=()  # test_shm: the integer types and > 64 MiB stay on the one-host runs (time)
-    [ $t = test_shm ] && filter=(--gtest_filter='-ShmAllreduce.*Int*:ShmAllreduce.*Short:ShmAllreduce.*Long*:ShmAllreduce.Above64MiB')
-    timeout 400 "$cl" run -np "$np" --host "$layout" "$build/tests/$t" "${filter[@]}" > "$log/$name.log" 2>&1
-    rc=$?
-    # every rank's gtest summary says PASSED
-    [ $rc -eq 0 ] && [ "$(grep -c 'PASSED' "$log/$name.log")" -ge "$np" ] || rc=1
-    hosts_empty >> "$log/$name.log" || rc=1
-    result "$name" $rc "($(secs "$t0") s)"
-  done
-done
-
-echo "-- simulated nodes (MPIML_NODE_SPLIT, one host) against real hosts, bit for bit"
-for layout in "2 h1:2,h2:2 4" "1 h1:1,h2:1 2"; do
-  read -r split hl np <<< "$layout"
-  name=hash.np$np
+# binary_case test layout: a test binary on the hosts of layout (h1:2,h2:2);
+# every rank's gtest summary must say PASSED.
+binary_case() {
+  local t=$1 layout=$2 np name t0 rc filter=()
+  np=$(tr , '\n' <<< "$layout" | awk -F: '{ n += $2 } END { print n }')
+  name=$t.${layout//[:,]/_}
+  t0=$(date +%s.%N)
+  # test_shm: the integer types and > 64 MiB stay on the one-host runs (time)
+  [ "$t" = test_shm ] && filter=(--gtest_filter='-ShmAllreduce.*Int*:ShmAllreduce.*Short:ShmAllreduce.*Long*:ShmAllreduce.Above64MiB')
+  timeout 400 "$cl" run -np "$np" --host "$layout" "$build/tests/$t" "${filter[@]}" > "$log/$name.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] && [ "$(grep -c 'PASSED' "$log/$name.log")" -ge "$np" ] || rc=1
+  hosts_empty >> "$log/$name.log" || rc=1
+  result "$name" $rc "($(secs "$t0") s)"
+}
+# hash_case name split layout np nodes: cluster_hash with MPIML_NODE_SPLIT=split
+# on one host and on the real hosts of layout (MPI seeing nodes nodes) hold
+# the same bits.
+hash_case() {
+  local name=$1 split=$2 hl=$3 np=$4 nodes=$5 sim real hs hr
   sim=$(MPIML_NODE_SPLIT=$split timeout 120 mpirun --oversubscribe -np "$np" "$build/tests/cluster_hash" 2>&1)
   real=$(timeout 120 "$cl" run -np "$np" --host "$hl" "$build/tests/cluster_hash" 2>&1)
   printf 'simulated: %s\nreal: %s\n' "$sim" "$real" > "$log/$name.log"
   hs=$(sed -n 's/^cluster_hash: \([0-9a-f]*\) .*/\1/p' <<< "$sim")
-  hr=$(sed -n 's/^cluster_hash: \([0-9a-f]*\) nodes=2 .*/\1/p' <<< "$real")
+  hr=$(sed -n "s/^cluster_hash: \\([0-9a-f]*\\) nodes=$nodes .*/\\1/p" <<< "$real")
   [ -n "$hs" ] && [ "$hs" = "$hr" ]
-  result "$name" $? "(simulated $hs, real ${hr:-none})"
+  result "$name" $? "($hl; simulated $hs, real ${hr:-none})"
+}
+
+echo "-- test binaries across hosts (hierarchical path over TCP)"
+for t in test_core test_shm test_profile test_torch; do
+  [ -x "$build/tests/$t" ] || { echo "  skip  $t (not built)"; continue; }
+  for layout in h1:2,h2:2 h1:1,h2:1; do binary_case $t $layout; done
 done
+
+echo "-- simulated nodes (MPIML_NODE_SPLIT, one host) against real hosts, bit for bit"
+hash_case hash.np4 2 h1:2,h2:2 4 2
+hash_case hash.np2 1 h1:1,h2:1 2 2
 
 echo "-- faults on one host (each: non-zero exit naming the rank/host within MPIML_TIMEOUT + 10 s, nothing left)"
 export MPIML_TIMEOUT=3
@@ -155,28 +163,9 @@ echo "-- 3 hosts (h1 h2 h3)"
 "$cl" down > /dev/null 2>&1
 hosts=3
 if "$cl" up $hosts > "$log/up3.log" 2>&1; then
-  for t in test_core test_shm; do
-    name=$t.h1_1_h2_1_h3_1
-    t0=$(date +%s.%N)
-    filter=()
-    [ $t = test_shm ] && filter=(--gtest_filter='-ShmAllreduce.*Int*:ShmAllreduce.*Short:ShmAllreduce.*Long*:ShmAllreduce.Above64MiB')
-    timeout 400 "$cl" run -np 3 --host h1:1,h2:1,h3:1 "$build/tests/$t" "${filter[@]}" > "$log/$name.log" 2>&1
-    rc=$?
-    [ $rc -eq 0 ] && [ "$(grep -c 'PASSED' "$log/$name.log")" -ge 3 ] || rc=1
-    hosts_empty >> "$log/$name.log" || rc=1
-    result "$name" $rc "($(secs "$t0") s)"
-  done
-  for layout in "1 h1:1,h2:1,h3:1 3 3" "2 h1:2,h2:2,h3:1 5 3"; do
-    read -r split hl np nodes <<< "$layout"
-    name=hash3.np$np
-    sim=$(MPIML_NODE_SPLIT=$split timeout 120 mpirun --oversubscribe -np "$np" "$build/tests/cluster_hash" 2>&1)
-    real=$(timeout 120 "$cl" run -np "$np" --host "$hl" "$build/tests/cluster_hash" 2>&1)
-    printf 'simulated: %s\nreal: %s\n' "$sim" "$real" > "$log/$name.log"
-    hs=$(sed -n 's/^cluster_hash: \([0-9a-f]*\) .*/\1/p' <<< "$sim")
-    hr=$(sed -n "s/^cluster_hash: \\([0-9a-f]*\\) nodes=$nodes .*/\\1/p" <<< "$real")
-    [ -n "$hs" ] && [ "$hs" = "$hr" ]
-    result "$name" $? "($hl; simulated $hs, real ${hr:-none})"
-  done
+  for t in test_core test_shm; do binary_case $t h1:1,h2:1,h3:1; done
+  hash_case hash3.np3 1 h1:1,h2:1,h3:1 3 3
+  hash_case hash3.np5 2 h1:2,h2:2,h3:1 5 3
 else
   echo "  FAIL  cannot bring up 3 hosts (log: $log/up3.log)"; failed=$((failed + 1))
 fi
