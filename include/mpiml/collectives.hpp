@@ -55,6 +55,8 @@ using range_elem_t = std::remove_cv_t<std::ranges::range_value_t<R>>;
 
 namespace detail {
 /// The type-erased core. send may be MPI_IN_PLACE. count may exceed INT_MAX.
+/// call names the call in errors and profiles and must live as long as the
+/// profile: a string literal, or detail::profile_intern(name).
 void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type,
                TypeClass cls, const ReduceOp& op, MPI_Comm comm, const char* call);
 void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Comm comm,

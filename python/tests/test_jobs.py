@@ -211,3 +211,28 @@ def test_environment_options_from_python(tmp_path):
                        text=True, timeout=60, env=env)
     assert p.returncode != 0 and time.monotonic() - t0 < 30
     assert "[mpiml] rank 0/2" in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def test_profile_of_a_torch_distributed_job_names_its_calls(tmp_path):
+    """The profile of an "mpiml" process group names each collective by its
+    call (the names must outlive the calls that made them)."""
+    script = write(tmp_path, "c10d_prof.py", """
+        import datetime, torch, torch.distributed as dist
+        import mpiml.torch
+        mpiml.torch.init_process_group(timeout=datetime.timedelta(seconds=60))
+        t = torch.ones(1000)
+        for _ in range(3):
+            dist.all_reduce(t)
+            dist.reduce(t, dst=0)
+            dist.broadcast(t, src=0)
+        dist.destroy_process_group()
+        """)
+    prof = tmp_path / "prof"
+    env = clean_env(MPIML_PROFILE=str(prof))
+    p = subprocess.run(mpirun(2, PY, script), capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    events = json.loads((prof / "profile_0.json").read_text())["traceEvents"]
+    calls = [e["args"]["call"] for e in events if e.get("cat") == "mpi" and "call" in e.get("args", {})]
+    assert calls.count("mpiml c10d all_reduce") == 3, calls
+    assert calls.count("mpiml c10d reduce") == 3, calls
+    assert calls.count("mpiml c10d broadcast") == 3, calls
