@@ -597,6 +597,21 @@ ShmContext* cached_context(MPI_Comm comm, const char* call) {
     return c;
 }
 
+// The one path decision: the context of comm when a collective of bytes
+// bytes takes the shared-memory path (mode; in auto mode, at least threshold
+// bytes and worth_sharing), else nullptr. Collective the first time on comm
+// (it creates the context); the same answer on every rank.
+ShmContext* shared_context_for(std::size_t bytes, std::size_t threshold, MPI_Comm comm,
+                               const char* call) {
+    const shm::Mode mode = config_ref().mode;
+    if (mode == shm::Mode::off) return nullptr;
+    if (mode == shm::Mode::automatic && bytes < threshold) return nullptr;
+    ShmContext* c = cached_context(comm, call);
+    if (!c) return nullptr;
+    if (mode == shm::Mode::automatic && !worth_sharing(*c, bytes)) return nullptr;
+    return c;
+}
+
 // Deterministic allreduce of m elements of buf across the nodes, over group
 // (leaders, or the peers of one node rank; rank me of L, in node order): rank
 // j reduces slice j over all nodes in node order, then all gather.
@@ -836,14 +851,11 @@ bool usable_comm(MPI_Comm comm) {
 
 bool shm_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type,
                    std::size_t bytes, const ReduceOp& op, MPI_Comm comm, const char* call) {
-    const auto& cfg = config_ref();
-    if (cfg.mode == shm::Mode::off || !op.known()) return false;
-    if (cfg.mode == shm::Mode::automatic && bytes < cfg.allreduce_threshold) return false;
+    if (!op.known()) return false;
     const Kernel k = resolve(type, *op.known());
     if (!k.combine) return false;
-    ShmContext* c = cached_context(comm, call);
+    ShmContext* c = shared_context_for(bytes, config_ref().allreduce_threshold, comm, call);
     if (!c) return false;
-    if (cfg.mode == shm::Mode::automatic && !worth_sharing(*c, bytes)) return false;
     if (count == 0) return true;
     if (send == MPI_IN_PLACE) send = recv;
     run_allreduce(*c, static_cast<const char*>(send), static_cast<char*>(recv), count, k, call);
@@ -852,16 +864,12 @@ bool shm_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype
 
 bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, int root,
                    MPI_Comm comm, const char* call) {
-    const auto& cfg = config_ref();
-    if (cfg.mode == shm::Mode::off) return false;
     const std::size_t bytes = count * static_cast<std::size_t>(tsize);
-    if (cfg.mode == shm::Mode::automatic && bytes < cfg.broadcast_threshold) return false;
     MPI_Aint lb = 0, extent = 0;
     check_mpi(MPI_Type_get_extent(type, &lb, &extent), call);
     if (lb != 0 || extent != tsize) return false;  // not contiguous bytes
-    ShmContext* c = cached_context(comm, call);
+    ShmContext* c = shared_context_for(bytes, config_ref().broadcast_threshold, comm, call);
     if (!c) return false;
-    if (cfg.mode == shm::Mode::automatic && !worth_sharing(*c, bytes)) return false;
     if (bytes == 0) return true;
     run_broadcast(*c, static_cast<char*>(buf), bytes, root, call);
     return true;
@@ -884,12 +892,9 @@ bool takes_shared_path(std::size_t bytes, Comm comm) {
     constexpr const char* call = "mpiml::shm::takes_shared_path";
     ensure_initialized(call);
     const MPI_Comm c = comm.get(call);
-    const auto& cfg = detail::config_ref();
-    if (cfg.mode == Mode::off) return false;
-    const detail::ShmContext* ctx = detail::cached_context(c, call);
-    if (!ctx) return false;
-    if (cfg.mode == Mode::on) return true;
-    return bytes >= cfg.allreduce_threshold && detail::worth_sharing(*ctx, bytes);
+    // shm_allreduce's decision for a built-in op on a type with a kernel.
+    return detail::shared_context_for(bytes, detail::config_ref().allreduce_threshold, c, call) !=
+           nullptr;
 }
 }  // namespace shm
 
@@ -968,22 +973,24 @@ void SharedBucket::release() noexcept {
     data_ = nullptr;
 }
 
-void SharedBucket::allreduce(std::size_t count, MPI_Datatype type, TypeClass,
-                             const ReduceOp& op) {
-    reduce(count, type, TypeClass{}, op, false, "mpiml::SharedBucket::allreduce");
+void SharedBucket::allreduce(std::size_t count, MPI_Datatype type, const ReduceOp& op) {
+    reduce(count, type, op, false, "mpiml::SharedBucket::allreduce");
+}
+
+void SharedBucket::allreduce(std::size_t count, MPI_Datatype type, TypeClass, const ReduceOp& op) {
+    allreduce(count, type, op);
 }
 
 void SharedBucket::average(std::size_t count, MPI_Datatype type) {
-    reduce(count, type, TypeClass{}, Op::sum, true, "mpiml::SharedBucket::average");
+    reduce(count, type, Op::sum, true, "mpiml::SharedBucket::average");
 }
 
-void SharedBucket::reduce(std::size_t count, MPI_Datatype type, TypeClass, const ReduceOp& op,
-                          bool average, const char* call) {
+void SharedBucket::reduce(std::size_t count, MPI_Datatype type, const ReduceOp& op, bool average,
+                          const char* call) {
     using namespace detail;
-    ensure_initialized();
+    ensure_initialized(call);
     if (win_ == MPI_WIN_NULL) fail(call, "the bucket has been released");
     if (!ctx_->alive) fail(call, "used after MPI finalization began");
-    if (op.native() == MPI_OP_NULL) fail(call, "operation is MPI_OP_NULL");
     int tsize = 0;
     check_mpi(MPI_Type_size(type, &tsize), call);
     const std::size_t ts = static_cast<std::size_t>(tsize);
@@ -991,26 +998,26 @@ void SharedBucket::reduce(std::size_t count, MPI_Datatype type, TypeClass, const
         fail(call, std::to_string(count) + " elements of " + datatype_name(type) + " need " +
                        std::to_string(count * ts) + " bytes; the bucket has " +
                        std::to_string(bytes_));
-    Kernel k;
-    if (op.known()) {
-        k = resolve(type, *op.known());
-        if (!k.combine)
-            fail(call, std::string("operation '") + op.name() +
-                           "' is not supported here for element type " + datatype_name(type));
-        if (average && !k.divide)
-            fail(call, std::string("averaging needs a floating or complex type, not ") +
-                           datatype_name(type));
-    }
-    CollectiveScope scope({Kind::allreduce, call, count, type,
-                           op.known() ? static_cast<int>(*op.known()) : 99, -1, comm_});
+    // The core's legality rule; a built-in op needs a type of the registry.
+    const TypeInfo* info = find_type(type);
+    if (op.known() && !info)
+        fail(call, std::string("operation '") + op.name() + "' is not defined for element type " +
+                       datatype_name(type));
+    const TypeClass cls = info ? info->cls : TypeClass::integer;  // else a user op: MPI decides
+    check_op(op, cls, type, call);
+    const Kernel k = op.known() ? resolve(type, *op.known()) : Kernel{};
+    if (average && !k.divide)
+        fail(call, std::string("averaging needs a floating or complex type, not ") +
+                       datatype_name(type));
     ShmContext& c = *ctx_;
-    if (!op.known() || config_ref().mode == shm::Mode::off) {
-        check_mpi(MPI_Allreduce(MPI_IN_PLACE, data_, static_cast<int>(count), type, mpi_op_for(type, op),
-                                comm_),
-                  call);
+    if (!k.combine || config_ref().mode == shm::Mode::off) {
+        // The core (its one scope, INT_MAX split, watchdog): mode off, a
+        // user-defined op, or a type reduced by MPI alone.
+        detail::allreduce(MPI_IN_PLACE, data_, count, type, cls, op, comm_, call);
         if (average && c.size > 1) k.divide(data_, count, c.size);
         return;
     }
+    CollectiveScope scope({Kind::allreduce, call, count, type, static_cast<int>(*op.known()), -1, comm_});
     if (count == 0) return;
     const int p = c.node_size, me = c.node_rank;
     const bool hier = c.num_nodes > 1;
