@@ -7,6 +7,16 @@
 
 namespace mpiml::detail {
 
+/// allreduce_node.cpp: one round of the node algorithm on m elements, after a
+/// node barrier (inputs ready). Node rank me reduces slice me of in[0..p)
+/// (node rank order) into res[me], and into out when out is another buffer
+/// (one node); nodes of one size fold that slice across nodes (pair or group
+/// exchange). Barrier; out gets every other slice from res[q]. Nodes of
+/// unequal size: node rank 0 gathers the slices into res[0] and reduces them
+/// across leaders; barrier; out gets all from res[0]. divide_by > 1 divides
+/// the result; stream: copies into out with stream_copy.
+void node_round(ShmContext& c, const char* const* in, char* const* res, char* out,
+                std::size_t m, const Kernel& k, int divide_by, bool stream, const char* call);
 /// allreduce_node.cpp: count elements of send into recv (send may be recv);
 /// hands nodes of one size to run_allreduce_peers.
 void run_allreduce(ShmContext& c, const char* send, char* recv, std::size_t count,

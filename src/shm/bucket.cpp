@@ -139,34 +139,18 @@ void SharedBucket::reduce(std::size_t count, MPI_Datatype type, const ReduceOp& 
     }
     CollectiveScope scope({Kind::allreduce, call, count, type, static_cast<int>(*op.known()), -1, comm_});
     if (count == 0) return;
-    const int p = c.node_size, me = c.node_rank;
-    const bool hier = c.num_nodes > 1;
-    const int div = average && !hier ? c.size : 0;
-    char* mine = static_cast<char*>(data_);
-    auto peer = [&](int q) { return static_cast<char*>(peers_[q]); };
-    const Slices sl(count, p, ts);
+    // The node algorithm of run_allreduce in one round, in place: every
+    // rank's bucket is both its input and where its reduced slice is read.
+    const int p = c.node_size;
     std::vector<const char*> in(p);
-    const std::size_t o = sl.off(me) * ts;
-    for (int q = 0; q < p; ++q) in[q] = peer(q) + o;
-    c.barrier();  // every rank's bucket is ready
-    reduce_slice(k, in.data(), p, sl.len(me), mine + o, nullptr, div);
-    // Nodes of one size: every rank exchanges its slice with its peers.
-    const bool peers = hier && c.peers != MPI_COMM_NULL;
-    if (peers && c.num_nodes == 2) pair_allreduce(c, mine + o, sl.len(me), k, average ? c.size : 0, call);
-    else if (peers) group_allreduce(c, c.peers, c.peer_rank, mine + o, sl.len(me), k, average ? c.size : 0, call);
-    c.barrier();
-    if (!hier || peers) {
-        for (int q = 0; q < p; ++q)
-            if (q != me) stream_copy(mine + sl.off(q) * ts, peer(q) + sl.off(q) * ts, sl.len(q) * ts);
-    } else {
-        if (me == 0) {
-            for (int q = 1; q < p; ++q)
-                std::memcpy(mine + sl.off(q) * ts, peer(q) + sl.off(q) * ts, sl.len(q) * ts);
-            leader_allreduce(c, mine, count, k, average ? c.size : 0, call);
-        }
-        c.barrier();
-        if (me != 0) stream_copy(mine, peer(0), count * ts);
+    std::vector<char*> res(p);
+    for (int q = 0; q < p; ++q) {
+        in[q] = static_cast<const char*>(peers_[q]);
+        res[q] = q == c.node_rank ? static_cast<char*>(data_) : static_cast<char*>(peers_[q]);
     }
+    c.barrier();  // every rank's bucket is ready
+    node_round(c, in.data(), res.data(), static_cast<char*>(data_), count, k,
+               average ? c.size : 0, true, call);
     c.barrier();  // peers are done reading this bucket
 }
 
