@@ -10,6 +10,11 @@
 
 namespace mpiml::detail {
 
+/// The one op/type legality check of every reduction: MPI_OP_NULL, and a
+/// built-in op on a class it is not defined for (op_allowed); user-defined
+/// ops are left to MPI. Throws naming call.
+void check_op(const ReduceOp& op, TypeClass cls, MPI_Datatype type, const char* call);
+
 /// The kinds of collective, for checks, the watchdog and profiles.
 enum class Kind : std::int64_t { allreduce = 1, broadcast, allgather, barrier };
 const char* kind_name(Kind k);

@@ -36,14 +36,6 @@ const char* ReduceOp::name() const {
 namespace detail {
 namespace {
 
-void check_op(const ReduceOp& op, TypeClass cls, MPI_Datatype type, const char* call) {
-    if (op.native() == MPI_OP_NULL) fail(call, "operation is MPI_OP_NULL");
-    if (!op.known()) return;  // user-defined: MPI decides
-    if (!op_allowed(*op.known(), cls))
-        fail(call, std::string("operation '") + op.name() + "' is not defined for element type " +
-                       datatype_name(type));
-}
-
 int op_id(const ReduceOp& op) { return op.known() ? static_cast<int>(*op.known()) : 99; }
 
 // Built-in datatypes by their registry id, the same on every rank.
@@ -74,6 +66,14 @@ void check_root(int root, MPI_Comm comm, const char* call) {
 }
 
 }  // namespace
+
+void check_op(const ReduceOp& op, TypeClass cls, MPI_Datatype type, const char* call) {
+    if (op.native() == MPI_OP_NULL) fail(call, "operation is MPI_OP_NULL");
+    if (!op.known()) return;  // user-defined: MPI decides
+    if (!op_allowed(*op.known(), cls))
+        fail(call, std::string("operation '") + op.name() + "' is not defined for element type " +
+                       datatype_name(type));
+}
 
 const char* kind_name(Kind k) {
     switch (k) {

@@ -576,7 +576,7 @@ void run_fused(GradState& st, const Bucket& b, std::byte* base, bool shared, MPI
         for (std::size_t d = 0; d < st.direct.size(); ++d)
             set_flag(b.wire, flags + (b.entries + d) * es, direct_entry(d).defined_here);
     if (shared)
-        st.shared->allreduce(b.payload + b.flags, b.wire.mpi, b.wire.cls, Op::sum);
+        st.shared->allreduce(b.payload + b.flags, b.wire.mpi, Op::sum);
     else
         detail::allreduce(MPI_IN_PLACE, base, b.payload + b.flags, b.wire.mpi, b.wire.cls, Op::sum,
                           comm, call);

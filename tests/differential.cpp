@@ -5,7 +5,7 @@
 // order, dup) and shared-memory modes (off, on, auto); node splits come from
 // MPIML_NODE_SPLIT (one ctest case per split). Every result is compared bit
 // for bit with a reference each rank computes from all ranks' inputs,
-// gathered with plain MPI, in mpiml's documented reduction order (src/shm.cpp):
+// gathered with plain MPI, in mpiml's documented reduction order (src/shm/):
 // per node (MPIML_NODE_SPLIT: comm rank / k) a left fold in comm rank order,
 // then a left fold over the nodes in order; averages divide the sum by the
 // rank count. Where MPI itself reduces (shared memory off or not taken), its
@@ -185,7 +185,7 @@ std::vector<std::vector<T>> gather_all(const std::vector<T>& mine, const CommInf
 }
 
 template <class T>
-bool has_kernel(Op o) {  // shared-memory kernels: see allowed<T, O> in src/shm.cpp
+bool has_kernel(Op o) {  // shared-memory kernels: see allowed<T, O> in src/shm/kernels.cpp
     return legal<T>(o);
 }
 

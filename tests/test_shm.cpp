@@ -13,6 +13,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -468,6 +471,124 @@ TEST(SharedBucket, Misuse) {
     mpiml::SharedBucket moved = std::move(b);
     EXPECT_EQ(b.data(), nullptr);
     EXPECT_NE(moved.data(), nullptr);
+}
+
+// A user-defined MPI_Op: elementwise sum of doubles.
+void user_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+    const auto* a = static_cast<const double*>(in);
+    auto* b = static_cast<double*>(inout);
+    for (int i = 0; i < *len; ++i) b[i] += a[i];
+}
+
+// Integer-valued inputs: every order of summation gives the same doubles.
+void fill_exact(std::span<double> x) {
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = rank() * 1000.0 + static_cast<double>(i % 977);
+}
+double exact_sum(std::size_t i) {
+    double s = 0;
+    for (int r = 0; r < size(); ++r) s += r * 1000.0 + static_cast<double>(i % 977);
+    return s;
+}
+
+// How many collectives named call this rank's profile recorded around f.
+template <class F>
+int profiled_calls(const std::string& call, F&& f) {
+    std::string dir;
+    if (rank() == 0) {
+        char tmpl[] = "/tmp/mpiml_shm_profile_XXXXXX";
+        dir = mkdtemp(tmpl);
+    }
+    mpiml::broadcast(dir);
+    mpiml::profile_start(dir);
+    f();
+    mpiml::profile_stop();
+    std::ifstream in(dir + "/profile_" + std::to_string(rank()) + ".json");
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string t = text.str(), key = "\"call\":\"" + call + "\"";
+    int n = 0;
+    for (auto at = t.find(key); at != std::string::npos; at = t.find(key, at + 1)) ++n;
+    mpiml::barrier();
+    if (rank() == 0) std::filesystem::remove_all(dir);
+    return n;
+}
+
+// MPIML_SHM=off and user-defined ops go through mpiml's core (one collective
+// recorded, no nested one); the right results; the 3-argument overload.
+TEST(SharedBucket, OffModeAndUserOpGoThroughTheCore) {
+    MPI_Op user = MPI_OP_NULL;
+    ASSERT_EQ(MPI_Op_create(&user_sum, 1, &user), MPI_SUCCESS);
+    const std::size_t n = 100003;
+    mpiml::SharedBucket b(n * sizeof(double));
+    auto x = b.as_span<double>();
+    const auto check = [&](double div) {
+        for (std::size_t i = 0; i < n; ++i)
+            if (x[i] != exact_sum(i) / div) {
+                ADD_FAILURE() << "element " << i << ": " << x[i] << " != " << exact_sum(i) / div;
+                return;
+            }
+    };
+    for (shm::Mode m : {shm::Mode::off, shm::Mode::on, shm::Mode::automatic}) {
+        SCOPED_TRACE(static_cast<int>(m));
+        ForceShm mode(m);
+        fill_exact(x);
+        EXPECT_EQ(profiled_calls("mpiml::SharedBucket::allreduce",
+                                 [&] { b.allreduce(n, MPI_DOUBLE, mpiml::ReduceOp(user)); }),
+                  1);
+        check(1);
+        fill_exact(x);
+        EXPECT_EQ(profiled_calls("mpiml::SharedBucket::allreduce",
+                                 [&] { b.allreduce(n, MPI_DOUBLE, Op::sum); }),
+                  1);
+        check(1);
+        fill_exact(x);
+        EXPECT_EQ(profiled_calls("mpiml::SharedBucket::average", [&] { b.average<double>(n); }), 1);
+        check(size());
+        fill_exact(x);
+        b.allreduce(n, MPI_DOUBLE, mpiml::TypeClass::floating, Op::sum);  // the old overload
+        check(1);
+        auto y = std::span<int>(static_cast<int*>(b.data()), 1000);
+        for (std::size_t i = 0; i < y.size(); ++i) y[i] = value<int>(rank(), i, Op::max);
+        std::vector<int> ref(y.size());
+        MPI_Allreduce(y.data(), ref.data(), static_cast<int>(y.size()), MPI_INT, MPI_MAX,
+                      MPI_COMM_WORLD);
+        b.allreduce(y.size(), MPI_INT, Op::max);
+        EXPECT_TRUE(std::equal(ref.begin(), ref.end(), y.begin()));
+    }
+    MPI_Op_free(&user);
+}
+
+// Bad op/type combinations: mpiml::Error naming the call, on every rank.
+TEST(SharedBucket, BadOpForTypeNamesTheCall) {
+    mpiml::SharedBucket b(64);
+    for (shm::Mode m : {shm::Mode::off, shm::Mode::on}) {
+        ForceShm mode(m);
+        const auto expect_error = [](const char* call, const char* what, auto&& f) {
+            try {
+                f();
+                ADD_FAILURE() << "no error from " << call;
+            } catch (const mpiml::Error& e) {
+                const std::string msg = e.what();
+                EXPECT_NE(msg.find(call), std::string::npos) << msg;
+                EXPECT_NE(msg.find(what), std::string::npos) << msg;
+            }
+        };
+        expect_error("mpiml::SharedBucket::allreduce", "not defined for element type double",
+                     [&] { b.allreduce(4, MPI_DOUBLE, Op::band); });
+        expect_error("mpiml::SharedBucket::allreduce", "not defined for element type bool",
+                     [&] { b.allreduce<bool>(4, Op::sum); });
+        expect_error("mpiml::SharedBucket::allreduce", "not defined for element type complex<float>",
+                     [&] { b.allreduce<std::complex<float>>(2, Op::max); });
+        expect_error("mpiml::SharedBucket::allreduce", "MPI_OP_NULL",
+                     [&] { b.allreduce(4, MPI_DOUBLE, mpiml::ReduceOp(MPI_OP_NULL)); });
+        expect_error("mpiml::SharedBucket::average", "averaging needs a floating or complex type",
+                     [&] { b.average<int>(4); });
+        // Still usable, and in step on every rank.
+        auto x = b.as_span<double>();
+        std::fill(x.begin(), x.end(), 1.0);
+        b.allreduce(x.size(), MPI_DOUBLE, Op::sum);
+        for (double v : x) EXPECT_EQ(v, size());
+    }
 }
 
 // A small data-parallel training loop (linear regression, SGD), gradients

@@ -84,10 +84,14 @@ public:
     }
 
     /// In place: the first count elements become op over all ranks.
+    /// Built-in ops reduce through shared memory (unless MPIML_SHM=off);
+    /// user-defined ops and MPIML_SHM=off go through mpiml::allreduce's core.
+    void allreduce(std::size_t count, MPI_Datatype type, const ReduceOp& op);
+    /// Deprecated: the same; cls is ignored (the type's class is the registry's).
     void allreduce(std::size_t count, MPI_Datatype type, TypeClass cls, const ReduceOp& op);
     template <MpiType T>
     void allreduce(std::size_t count, ReduceOp op) {
-        allreduce(count, mpi_datatype<T>(), detail::type_class_of<T>(), op);
+        allreduce(count, mpi_datatype<T>(), op);
     }
     /// In place: the first count elements become their sum over all ranks
     /// divided by the number of ranks (floating or complex types).
@@ -99,8 +103,8 @@ public:
 
 private:
     void release() noexcept;
-    void reduce(std::size_t count, MPI_Datatype type, TypeClass cls, const ReduceOp& op,
-                bool average, const char* call);
+    void reduce(std::size_t count, MPI_Datatype type, const ReduceOp& op, bool average,
+                const char* call);
 
     std::shared_ptr<detail::ShmContext> ctx_;
     MPI_Comm comm_ = MPI_COMM_NULL;

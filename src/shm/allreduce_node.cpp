@@ -1,0 +1,86 @@
+// Shared-memory allreduce on one node, and through node leaders when nodes
+// differ in size (nodes of one size: allreduce_peers.cpp).
+//
+// allreduce round, p node ranks, rank r owns slice r of the chunk:
+//   1. r copies its slices q != r into its own set.
+//   2. barrier; r reduces slice r over all ranks in rank order (its own part
+//      straight from its send buffer) into its set, and into recv.
+//   3. barrier; r copies the reduced slices q != r into recv.
+// Nodes of unequal size: the leader gathers the reduced slices, reduces
+// across leaders (deterministic reduce-scatter + allgather over MPI),
+// barrier, and every rank copies the chunk from the leader's set.
+// Steps 2-3 are node_round, which SharedBucket runs once in place (its
+// buckets are the sets, no step 1; with nodes of one size it folds the slice
+// across nodes before the barrier of step 3).
+#include "algorithms.hpp"
+
+#include <cstring>
+#include <vector>
+
+namespace mpiml::detail {
+
+void node_round(ShmContext& c, const char* const* in, char* const* res, char* out,
+                std::size_t m, const Kernel& k, int divide_by, bool stream, const char* call) {
+    const std::size_t ts = k.tsize;
+    const int p = c.node_size, me = c.node_rank;
+    const bool hier = c.num_nodes > 1;
+    const bool peers = hier && c.peers != MPI_COMM_NULL;
+    const auto copy = [stream](char* dst, const char* src, std::size_t n) {
+        if (stream) stream_copy(dst, src, n);
+        else std::memcpy(dst, src, n);
+    };
+    const Slices sl(m, p, ts);
+    const std::size_t o = sl.off(me) * ts, len = sl.len(me);
+    static thread_local std::vector<const char*> from;
+    from.resize(static_cast<std::size_t>(p));
+    for (int q = 0; q < p; ++q) from[q] = in[q] + o;
+    char* mine = res[me] + o;
+    reduce_slice(k, from.data(), p, len, mine, hier || out == res[me] ? nullptr : out + o,
+                 hier ? 0 : divide_by);
+    // Nodes of one size: every rank exchanges its slice with its peers.
+    if (peers && c.num_nodes == 2) pair_allreduce(c, mine, len, k, divide_by, call);
+    else if (peers) group_allreduce(c, c.peers, c.peer_rank, mine, len, k, divide_by, call);
+    c.barrier();
+    if (!hier || peers) {
+        for (int q = 0; q < p; ++q)
+            if (q != me) copy(out + sl.off(q) * ts, res[q] + sl.off(q) * ts, sl.len(q) * ts);
+    } else {
+        if (me == 0) {
+            for (int q = 1; q < p; ++q)
+                std::memcpy(res[0] + sl.off(q) * ts, res[q] + sl.off(q) * ts, sl.len(q) * ts);
+            leader_allreduce(c, res[0], m, k, divide_by, call);
+        }
+        c.barrier();
+        if (out != res[0]) copy(out, res[0], m * ts);
+    }
+}
+
+void run_allreduce(ShmContext& c, const char* send, char* recv, std::size_t count,
+                   const Kernel& k, const char* call) {
+    const std::size_t ts = k.tsize;
+    const std::size_t per = c.chunk / ts;
+    const int p = c.node_size, me = c.node_rank;
+    const bool hier = c.num_nodes > 1;
+    if (hier && c.peers != MPI_COMM_NULL) return run_allreduce_peers(c, send, recv, count, k, call);
+    std::vector<const char*> in(p);
+    std::vector<char*> res(p);
+    for (std::size_t done = 0; done < count;) {
+        const std::size_t m = std::min(per, count - done);
+        const char* s = send + done * ts;
+        char* r = recv + done * ts;
+        ++c.round;
+        const Slices sl(m, p, ts);
+        char* mine = c.set(me);
+        for (int q = 0; q < p; ++q)
+            if (q != me) std::memcpy(mine + sl.off(q) * ts, s + sl.off(q) * ts, sl.len(q) * ts);
+        c.barrier();
+        for (int q = 0; q < p; ++q) {
+            in[q] = q == me ? s : c.set(q);  // this rank's own slice straight from send
+            res[q] = c.set(q);
+        }
+        node_round(c, in.data(), res.data(), r, m, k, 0, false, call);
+        done += m;
+    }
+}
+
+}  // namespace mpiml::detail

@@ -1,0 +1,162 @@
+// Element-wise reduction kernels of the shared-memory path, per type and op
+// (only where the registry's rule, op_allowed, defines the op).
+#include "kernels.hpp"
+
+#include "../types.hpp"
+
+#include <complex>
+#include <type_traits>
+
+namespace mpiml::detail {
+namespace {
+
+template <class T>
+struct is_complex : std::false_type {};
+template <class U>
+struct is_complex<std::complex<U>> : std::true_type {};
+
+template <class T>
+constexpr bool is_int = std::is_integral_v<T> && !std::is_same_v<T, bool>;
+
+// Integer arithmetic wraps (in unsigned, at least unsigned int wide), as MPI's
+// built-in ops do in practice, without signed overflow.
+template <class T>
+using wide_unsigned_t =
+    std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+
+template <class T, Op O>
+struct Fn;
+template <class T>
+struct Fn<T, Op::sum> {
+    static T apply(T a, T b) {
+        if constexpr (is_int<T>) {
+            using U = wide_unsigned_t<T>;
+            return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+        } else {
+            return a + b;
+        }
+    }
+};
+template <class T>
+struct Fn<T, Op::prod> {
+    static T apply(T a, T b) {
+        if constexpr (is_int<T>) {
+            using U = wide_unsigned_t<T>;
+            return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+        } else {
+            return a * b;
+        }
+    }
+};
+template <class T>
+struct Fn<T, Op::min> {
+    static T apply(T a, T b) { return b < a ? b : a; }
+};
+template <class T>
+struct Fn<T, Op::max> {
+    static T apply(T a, T b) { return a < b ? b : a; }
+};
+template <class T>
+struct Fn<T, Op::land> {
+    static T apply(T a, T b) { return static_cast<T>((a != T{}) & (b != T{})); }
+};
+template <class T>
+struct Fn<T, Op::lor> {
+    static T apply(T a, T b) { return static_cast<T>((a != T{}) | (b != T{})); }
+};
+template <class T>
+struct Fn<T, Op::lxor> {
+    static T apply(T a, T b) { return static_cast<T>((a != T{}) ^ (b != T{})); }
+};
+template <class T>
+struct Fn<T, Op::band> {
+    static T apply(T a, T b) { return static_cast<T>(a & b); }
+};
+template <class T>
+struct Fn<T, Op::bor> {
+    static T apply(T a, T b) { return static_cast<T>(a | b); }
+};
+template <class T>
+struct Fn<T, Op::bxor> {
+    static T apply(T a, T b) { return static_cast<T>(a ^ b); }
+};
+
+template <class T, Op O>
+constexpr bool allowed() {
+    return op_allowed(O, class_of<T>());
+}
+
+using CombineFn = void (*)(void* out, const void* const* in, int p, std::size_t m);
+using DivideFn = void (*)(void* buf, std::size_t m, int p);
+
+// out[i] = in[0][i] op in[1][i] op ... op in[p-1][i], in this order.
+template <class T, Op O>
+void combine(void* out_, const void* const* in, int p, std::size_t m) {
+    T* __restrict out = static_cast<T*>(out_);
+    const T* a = static_cast<const T*>(in[0]);
+    if (p == 1) {
+        std::memcpy(out, a, m * sizeof(T));
+        return;
+    }
+    const T* b = static_cast<const T*>(in[1]);
+    for (std::size_t i = 0; i < m; ++i) out[i] = Fn<T, O>::apply(a[i], b[i]);
+    for (int q = 2; q < p; ++q) {
+        const T* c = static_cast<const T*>(in[q]);
+        for (std::size_t i = 0; i < m; ++i) out[i] = Fn<T, O>::apply(out[i], c[i]);
+    }
+}
+
+template <class T>
+void divide(void* buf, std::size_t m, int p) {
+    T* __restrict x = static_cast<T*>(buf);
+    if constexpr (is_complex<T>::value) {
+        const typename T::value_type d = static_cast<typename T::value_type>(p);
+        for (std::size_t i = 0; i < m; ++i) x[i] = x[i] / d;
+    } else {
+        const T d = static_cast<T>(p);
+        for (std::size_t i = 0; i < m; ++i) x[i] = x[i] / d;
+    }
+}
+
+template <class T, Op O>
+CombineFn combine_for() {
+    if constexpr (allowed<T, O>()) return &combine<T, O>;
+    else return nullptr;
+}
+
+template <class T>
+Kernel kernel_of(Op op) {
+    Kernel k;
+    k.tsize = sizeof(T);
+    if constexpr (std::is_floating_point_v<T> || is_complex<T>::value) k.divide = &divide<T>;
+    switch (op) {
+        case Op::sum: k.combine = combine_for<T, Op::sum>(); break;
+        case Op::prod: k.combine = combine_for<T, Op::prod>(); break;
+        case Op::min: k.combine = combine_for<T, Op::min>(); break;
+        case Op::max: k.combine = combine_for<T, Op::max>(); break;
+        case Op::land: k.combine = combine_for<T, Op::land>(); break;
+        case Op::lor: k.combine = combine_for<T, Op::lor>(); break;
+        case Op::lxor: k.combine = combine_for<T, Op::lxor>(); break;
+        case Op::band: k.combine = combine_for<T, Op::band>(); break;
+        case Op::bor: k.combine = combine_for<T, Op::bor>(); break;
+        case Op::bxor: k.combine = combine_for<T, Op::bxor>(); break;
+    }
+    return k;
+}
+
+}  // namespace
+
+Kernel resolve(MPI_Datatype t, Op op) {
+    const TypeInfo* e = find_type(t);
+    if (!e) return {};
+    Kernel k = with_rep(e->rep, [&]<class T>(std::type_identity<T>) -> Kernel {
+        if constexpr (std::is_void_v<T>) return {};
+        else return kernel_of<T>(op);
+    });
+    int size = 0;
+    if (!k.combine || MPI_Type_size(t, &size) != MPI_SUCCESS || static_cast<std::size_t>(size) != k.tsize)
+        return {};
+    return k;
+}
+
+}  // namespace mpiml::detail
