@@ -62,8 +62,10 @@ void run_allreduce(ShmContext& c, const char* send, char* recv, std::size_t coun
     const int p = c.node_size, me = c.node_rank;
     const bool hier = c.num_nodes > 1;
     if (hier && c.peers != MPI_COMM_NULL) return run_allreduce_peers(c, send, recv, count, k, call);
-    std::vector<const char*> in(p);
-    std::vector<char*> res(p);
+    static thread_local std::vector<const char*> in;  // no allocation per call
+    static thread_local std::vector<char*> res;
+    in.resize(static_cast<std::size_t>(p));
+    res.resize(static_cast<std::size_t>(p));
     for (std::size_t done = 0; done < count;) {
         const std::size_t m = std::min(per, count - done);
         const char* s = send + done * ts;

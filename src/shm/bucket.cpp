@@ -142,8 +142,10 @@ void SharedBucket::reduce(std::size_t count, MPI_Datatype type, const ReduceOp& 
     // The node algorithm of run_allreduce in one round, in place: every
     // rank's bucket is both its input and where its reduced slice is read.
     const int p = c.node_size;
-    std::vector<const char*> in(p);
-    std::vector<char*> res(p);
+    static thread_local std::vector<const char*> in;  // no allocation per call
+    static thread_local std::vector<char*> res;
+    in.resize(static_cast<std::size_t>(p));
+    res.resize(static_cast<std::size_t>(p));
     for (int q = 0; q < p; ++q) {
         in[q] = static_cast<const char*>(peers_[q]);
         res[q] = q == c.node_rank ? static_cast<char*>(data_) : static_cast<char*>(peers_[q]);

@@ -226,6 +226,13 @@ ShmContext* cached_context(MPI_Comm comm, const char* call) {
     return c;
 }
 
+// The mode and size half of the path decision: no MPI, no context. Checked
+// first on every collective, so that small ones leave at once.
+bool may_share(std::size_t bytes, std::size_t threshold) {
+    const shm::Mode mode = config_ref().mode;
+    return mode == shm::Mode::on || (mode == shm::Mode::automatic && bytes >= threshold);
+}
+
 }  // namespace
 
 // ------------------------------------------------------------ path decision
@@ -236,21 +243,20 @@ ShmContext* cached_context(MPI_Comm comm, const char* call) {
 // (it creates the context); the same answer on every rank.
 ShmContext* shared_context_for(std::size_t bytes, std::size_t threshold, MPI_Comm comm,
                                const char* call) {
-    const shm::Mode mode = config_ref().mode;
-    if (mode == shm::Mode::off) return nullptr;
-    if (mode == shm::Mode::automatic && bytes < threshold) return nullptr;
+    if (!may_share(bytes, threshold)) return nullptr;
     ShmContext* c = cached_context(comm, call);
     if (!c) return nullptr;
-    if (mode == shm::Mode::automatic && !worth_sharing(*c, bytes)) return nullptr;
+    if (config_ref().mode == shm::Mode::automatic && !worth_sharing(*c, bytes)) return nullptr;
     return c;
 }
 
 bool shm_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type,
                    std::size_t bytes, const ReduceOp& op, MPI_Comm comm, const char* call) {
-    if (!op.known()) return false;
+    const std::size_t threshold = config_ref().allreduce_threshold;
+    if (!op.known() || !may_share(bytes, threshold)) return false;
     const Kernel k = resolve(type, *op.known());
     if (!k.combine) return false;
-    ShmContext* c = shared_context_for(bytes, config_ref().allreduce_threshold, comm, call);
+    ShmContext* c = shared_context_for(bytes, threshold, comm, call);
     if (!c) return false;
     if (count == 0) return true;
     if (send == MPI_IN_PLACE) send = recv;
@@ -261,10 +267,12 @@ bool shm_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype
 bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, int root,
                    MPI_Comm comm, const char* call) {
     const std::size_t bytes = count * static_cast<std::size_t>(tsize);
+    const std::size_t threshold = config_ref().broadcast_threshold;
+    if (!may_share(bytes, threshold)) return false;
     MPI_Aint lb = 0, extent = 0;
     check_mpi(MPI_Type_get_extent(type, &lb, &extent), call);
     if (lb != 0 || extent != tsize) return false;  // not contiguous bytes
-    ShmContext* c = shared_context_for(bytes, config_ref().broadcast_threshold, comm, call);
+    ShmContext* c = shared_context_for(bytes, threshold, comm, call);
     if (!c) return false;
     if (bytes == 0) return true;
     run_broadcast(*c, static_cast<char*>(buf), bytes, root, call);
