@@ -467,7 +467,8 @@ TEST(SharedBucket, Misuse) {
     mpiml::SharedBucket b(64);
     EXPECT_THROW(b.allreduce<double>(9, Op::sum), mpiml::Error);   // 72 bytes > 64
     EXPECT_THROW(b.average<int>(4), mpiml::Error);                 // integers do not average
-    EXPECT_THROW(mpiml::SharedBucket(rank() == 0 ? 64 : 128), mpiml::Error);
+    if (size() > 1)  // ranks asking for different sizes
+        EXPECT_THROW(mpiml::SharedBucket(rank() == 0 ? 64 : 128), mpiml::Error);
     mpiml::SharedBucket moved = std::move(b);
     EXPECT_EQ(b.data(), nullptr);
     EXPECT_NE(moved.data(), nullptr);
