@@ -1,6 +1,7 @@
 """Whole MPI jobs launched from the test (run by ctest at one rank): an
 uncaught exception on one rank ends the job, Ctrl-C on the launcher ends
 every rank, both import orders with mpi4py, mpi_fork end to end."""
+import importlib.util
 import json
 import os
 import shutil
@@ -216,6 +217,8 @@ def test_environment_options_from_python(tmp_path):
 def test_profile_of_a_torch_distributed_job_names_its_calls(tmp_path):
     """The profile of an "mpiml" process group names each collective by its
     call (the names must outlive the calls that made them)."""
+    if importlib.util.find_spec("mpiml._c10d") is None:
+        pytest.skip("mpiml was built without the torch.distributed backend")
     script = write(tmp_path, "c10d_prof.py", """
         import datetime, torch, torch.distributed as dist
         import mpiml.torch
