@@ -13,7 +13,9 @@ with new_group(backend="gloo"). Parts:
          same step on the bare module, without DDP, is measured too, and
          "comm" is the DDP step minus the bare step; "nocomm" is DDP with
          a communication hook that returns the bucket untouched (DDP's own
-         bucket copies, no all_reduce).
+         bucket copies, no all_reduce). Each DDP variant runs twice: with
+         DDP's defaults and with gradient_as_bucket_view=True (" views":
+         gradients are views into the buckets, so DDP copies nothing).
 Rank 0 prints JSON lines; times are the slowest rank's, median of rounds
 (bench/peers/common.py's protocol).
 """
@@ -99,13 +101,17 @@ def main():
             x = torch.randn(64, 17) if name == "ac64" else torch.ones(1)
             variants = []
             keep = []
-            for impl, group in (("local", None), ("nocomm", None), ("mpiml", None),
-                                ("gloo", gloo)):
+            configs = [("local", None, False)]
+            for views in (False, True):
+                suffix = " views" if views else ""
+                configs += [("nocomm" + suffix, None, views), ("mpiml" + suffix, None, views),
+                            ("gloo" + suffix, gloo, views)]
+            for impl, group, views in configs:
                 torch.manual_seed(0)
                 model = Step(common.make_model(name), name)
                 if impl != "local":
-                    model = DDP(model, process_group=group)
-                if impl == "nocomm":
+                    model = DDP(model, process_group=group, gradient_as_bucket_view=views)
+                if impl.startswith("nocomm"):
                     model.register_comm_hook(None, no_comm_hook)
                 keep.append(model)
 
