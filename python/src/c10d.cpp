@@ -31,6 +31,9 @@
 #include <thread>
 #include <vector>
 
+#include <sched.h>
+#include <sys/prctl.h>
+
 namespace py = pybind11;
 
 namespace mpiml_c10d {
@@ -336,6 +339,9 @@ private:
     void loop();
     void watchdog_loop();
     void verify(const Entry& e);
+    // verify's wait: polls before yielding, and how long it yields before napping.
+    static constexpr int kSpinPolls = 200;
+    static constexpr auto kYieldTime = std::chrono::microseconds(500);
     void poll_pending(bool block_briefly);
     void cancel_pending();
     int check_root(const std::string& call, int64_t root) const;
@@ -513,18 +519,24 @@ void ProcessGroupMpiml::verify(const Entry& e) {
         buf[i] = e.sig.v[i];
         buf[4 + i] = -e.sig.v[i];
     }
-    // Non-blocking, polled with sleeps once it is clearly waiting: a rank that
-    // is ahead (say, its backward pass finished first) gives the CPU to the
-    // ranks still computing instead of spinning in the collective; once all
-    // have arrived, the collective itself runs with everyone present.
+    // Non-blocking and polled: a rank that is ahead (say, its backward pass
+    // finished first) spins briefly, then yields for kYieldTime (the core
+    // goes to this process's backward pass or another rank when one is
+    // runnable, else the poll goes on at once), then naps. Once all have
+    // arrived, the collective itself runs with everyone present.
     MPI_Request req = MPI_REQUEST_NULL;
     check(MPI_Iallreduce(MPI_IN_PLACE, buf, 8, MPI_INT64_T, MPI_MAX, comm_, &req), e.name);
     int done = 0;
     auto nap = std::chrono::microseconds(10);
+    Clock::time_point yielding;
     for (int polls = 0;; ++polls) {
         check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), e.name);
         if (done) break;
-        if (polls >= 200) {
+        if (polls < kSpinPolls) continue;
+        if (polls == kSpinPolls) yielding = Clock::now();
+        if (Clock::now() - yielding < kYieldTime) {
+            sched_yield();
+        } else {
             std::this_thread::sleep_for(nap);
             nap = std::min(nap * 2, std::chrono::microseconds(200));
         }
@@ -601,6 +613,9 @@ void ProcessGroupMpiml::cancel_pending() {
 }
 
 void ProcessGroupMpiml::loop() {
+    // The worker's naps are 10-200 us; Linux's default timer slack (50 us)
+    // would add most of that again to each.
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
     for (;;) {
         Entry e;
         {
