@@ -312,6 +312,55 @@ int thread_level_now() {
 
 }  // namespace
 
+// mpi_avg and mpi_sum, called every step (PPO's KL and episode statistics),
+// as METH_FASTCALL functions: the same arguments and errors as through
+// pybind11, without its per-call dispatch (argument vectors, overload loop).
+template <bool Avg>
+PyObject* fast_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+    const char* call = Avg ? "mpi_avg" : "mpi_sum";
+    try {
+        PyObject* slot[2] = {nullptr, Py_None};
+        static const char* const names[2] = {"x", "comm"};
+        if (nargs > 2) {
+            PyErr_Format(PyExc_TypeError, "%s() takes at most 2 arguments (%zd given)", call, nargs);
+            return nullptr;
+        }
+        for (Py_ssize_t i = 0; i < nargs; ++i) slot[i] = args[i];
+        const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+        for (Py_ssize_t k = 0; k < nkw; ++k) {
+            PyObject* key = PyTuple_GET_ITEM(kwnames, k);
+            int at = -1;
+            for (int j = 0; j < 2; ++j)
+                if (PyUnicode_CompareWithASCIIString(key, names[j]) == 0) at = j;
+            if (at < 0) {
+                PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", call, key);
+                return nullptr;
+            }
+            if (at < nargs) {
+                PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", call, names[at]);
+                return nullptr;
+            }
+            slot[at] = args[nargs + k];
+        }
+        if (!slot[0]) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument 'x'", call);
+            return nullptr;
+        }
+        static py::object* sum = new py::object(py::str("sum"));  // never destroyed
+        py::object r = py_reduce(slot[0], Avg ? py::none() : *sum, Avg, slot[1], call);
+        return r.release().ptr();
+    } catch (py::error_already_set& e) {
+        e.restore();
+    } catch (const mpiml::Error& e) {
+        translate(e);
+    } catch (const py::builtin_exception& e) {
+        e.set_error();
+    } catch (const std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+    return nullptr;
+}
+
 PYBIND11_MODULE(_core, m) {
     m.doc() = "mpiml core (C++): use mpiml.mpi_tools";
     if (_import_array() < 0) throw py::error_already_set();
@@ -356,17 +405,18 @@ PYBIND11_MODULE(_core, m) {
     }, py::arg("x"), py::arg("op"), py::arg("comm") = py::none(),
        "op over ranks of a scalar (-> numpy scalar) or array-like (-> new numpy array of the\n"
        "same shape and dtype). op: 'sum', 'max', ... or an mpi4py MPI.Op.");
-    m.def("mpi_sum", [](py::handle x, py::handle comm) {
-        static py::object* sum = new py::object(py::str("sum"));  // never destroyed
-        return py_reduce(x, *sum, false, comm, "mpi_sum");
-    }, py::arg("x"), py::arg("comm") = py::none(), "Sum of a scalar or array-like over ranks.");
+    static PyMethodDef fast[] = {
+        {"mpi_sum", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_reduce<false>)),
+         METH_FASTCALL | METH_KEYWORDS, "mpi_sum(x, comm=None)\n\nSum of a scalar or array-like over ranks."},
+        {"mpi_avg", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_reduce<true>)),
+         METH_FASTCALL | METH_KEYWORDS,
+         "mpi_avg(x, comm=None)\n\nAverage of a scalar or array-like over ranks (dtype kept; "
+         "integers and bool: float64)."},
+        {nullptr, nullptr, 0, nullptr}};
+    if (PyModule_AddFunctions(m.ptr(), fast) < 0) throw py::error_already_set();
     m.def("avg", [](py::handle x, py::handle comm) {
         return py_reduce(x, py::none(), true, comm, "mpi_avg");
     });
-    m.def("mpi_avg", [](py::handle x, py::handle comm) {
-        return py_reduce(x, py::none(), true, comm, "mpi_avg");
-    }, py::arg("x"), py::arg("comm") = py::none(),
-       "Average of a scalar or array-like over ranks (dtype kept; integers and bool: float64).");
     m.def("statistics", &py_statistics);
     m.def("mpi_statistics_scalar", &py_statistics, py::arg("x"),
           py::arg("with_min_and_max") = false, py::arg("comm") = py::none(),

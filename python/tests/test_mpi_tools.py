@@ -203,6 +203,28 @@ def test_comm_may_be_an_mpi4py_communicator():
         mt.mpi_sum(1.0, comm="world")
 
 
+def test_sum_avg_arguments_as_a_python_function():
+    # mpi_sum/mpi_avg parse their own arguments (no pybind11 dispatch)
+    assert mt.mpi_avg(x=2.0) == 2.0 and mt.mpi_sum(2.0, comm=None) == 2.0 * SIZE
+    assert mt.mpi_avg(comm=MPI.COMM_WORLD, x=float(RANK)) == pytest.approx((SIZE - 1) / 2)
+    np.testing.assert_array_equal(mt.mpi_sum(np.ones(3), MPI.COMM_WORLD), np.full(3, SIZE))
+    for f, name in ((mt.mpi_sum, "mpi_sum"), (mt.mpi_avg, "mpi_avg")):
+        with pytest.raises(TypeError, match=r"%s\(\) missing required argument 'x'" % name):
+            f()
+        with pytest.raises(TypeError, match="unexpected keyword argument 'y'"):
+            f(1.0, y=2)
+        with pytest.raises(TypeError, match="multiple values for argument 'x'"):
+            f(1.0, x=2.0)
+        with pytest.raises(TypeError, match="at most 2 arguments"):
+            f(1.0, None, 3)
+        with pytest.raises(mpiml.ArgumentError, match="comm must be") as e:
+            f(1.0, comm="world")
+        assert e.value.call == "mpiml" and "rank %d/%d" % (RANK, SIZE) in str(e.value)
+        with pytest.raises(mpiml.Error, match=name):
+            f(np.array(["a"]))
+        assert name + "(x, comm=None)" in f.__doc__
+
+
 def test_msg_and_pprint(capsys):
     mt.msg("hello", "tag")
     mt.pprint("only rank 0", end="!\n")
