@@ -2,10 +2,13 @@
 benchmark workloads of seed_peer.py, with the same timing protocol.
 
   PYTHONPATH=build/python mpirun -np 2 /usr/bin/python3 bench/peers/mpiml_peer.py
-      [--parts=grads,stats,avg] [--models=ac64,ac256,resnet50]
+      [--parts=grads,stats,avg,averager] [--models=ac64,ac256,resnet50]
       [--stats-sizes=1000,1000000] [--rounds=7] [--round-ms=20] [--side-by-side]
 
 Rank 0 prints JSON lines in the format of the C++ benchmarks (impl "mpiml_python").
+--parts=averager (not a default part) times, for one model, mpi_avg_grads
+packed and with gradient_as_bucket_view against GradAverager holding each
+plan (and the seed's, with --side-by-side), interleaved.
 
 --side-by-side times three implementations in this one process, interleaved
 round by round (so a shared machine's load hits them alike): the seed's
@@ -87,6 +90,28 @@ def main():
                 for t in common.measure(comm, [sync], rounds, round_s):
                     common.emit(rank, "grads", "sync_params", size, t, model=name, **info)
             del model
+
+    if "averager" in parts:  # not in the default parts: one model's ways from Python
+        for name in common.arg("models", "ac64,ac256").split(","):
+            model = common.make_model(name)
+            common.fill(model, rank)
+            info = common.model_info(model)
+            held = mpi_pytorch.GradAverager(model)
+            views_model = common.make_model(name)
+            common.fill(views_model, rank)
+            held_views = mpi_pytorch.GradAverager(views_model, gradient_as_bucket_view=True)
+            vs = [common.Variant("mpi_avg_grads", lambda: mpi_pytorch.mpi_avg_grads(model)),
+                  common.Variant("mpi_avg_grads_views", lambda: mpi_pytorch.mpi_avg_grads(
+                      views_model, gradient_as_bucket_view=True)),
+                  common.Variant("GradAverager", held),
+                  common.Variant("GradAverager_views", held_views)]
+            if sbs:
+                vs.insert(0, common.Variant("seed", lambda: seed_pytorch.mpi_avg_grads(model)))
+            for t in common.measure(comm, vs, rounds, round_s):
+                common.emit(rank, "grads", "avg_grads_held", size, t, model=name, **info)
+            # the free function's cached plan for views_model goes with it (LRU);
+            # the held ones are dropped here, on every rank alike
+            del held, held_views, model, views_model
 
     if "stats" in parts:
         for n in [int(float(s)) for s in common.arg("stats-sizes", "1000,1000000").split(",")]:

@@ -23,7 +23,16 @@ from . import _core  # noqa: F401  (exception translation)
 from . import _torch
 from .mpi_tools import broadcast, mpi_avg, num_procs, proc_id  # noqa: F401  (as the seed)
 
-__all__ = ["setup_pytorch_for_mpi", "mpi_avg_grads", "sync_params", "mpi_avg", "mpi_avg_tensor"]
+__all__ = ["setup_pytorch_for_mpi", "mpi_avg_grads", "GradAverager", "sync_params", "mpi_avg",
+           "mpi_avg_tensor"]
+
+# mpi_avg_grads for one model with its plan held (C++ mpiml::GradAverager):
+#   avg = GradAverager(ac.pi, gradient_as_bucket_view=True)
+#   ... loss.backward(); avg(); optimizer.step()
+# Parameters are taken at construction; construction, each call and
+# destruction are collective (create and drop it at the same point on every
+# rank, or keep it for the whole run).
+GradAverager = _torch.GradAverager
 
 
 def setup_pytorch_for_mpi():

@@ -120,6 +120,31 @@ PYBIND11_MODULE(_torch, m) {
         mpiml::mpi_avg_grads(ts, o, c);
     }, py::arg("module"), py::arg("comm") = py::none(), py::arg("bucket_cap_bytes") = 25u << 20,
        py::arg("gradient_as_bucket_view") = false);
+    py::class_<mpiml::GradAverager>(m, "GradAverager",
+        "GradAverager(module, comm=None, gradient_as_bucket_view=False, bucket_cap_mb=25)\n\n"
+        "mpi_avg_grads for one model, holding its plan: the parameters (taken once, here),\n"
+        "buckets and shared memory. avg() averages their gradients across ranks, as\n"
+        "mpi_avg_grads(module, ...) does, without re-collecting the parameters or checking\n"
+        "the plan each call. Construction, each call and destruction are collective over comm.")
+        .def(py::init([](py::handle module, py::handle comm, bool as_view, double cap_mb) {
+                 const mpiml::Comm c = to_comm(comm);
+                 if (!(cap_mb > 0) || cap_mb * (1 << 20) > 1e15)
+                     raise("ArgumentError", "mpiml::GradAverager",
+                           "bucket_cap_mb must be positive, got " + std::to_string(cap_mb));
+                 auto ts = tensors_of(module, true, false, "mpiml::GradAverager");
+                 mpiml::AvgGradsOptions o;
+                 o.bucket_cap_bytes = static_cast<std::size_t>(cap_mb * (1 << 20));
+                 o.gradient_as_bucket_view = as_view;
+                 py::gil_scoped_release nogil;
+                 return std::make_unique<mpiml::GradAverager>(ts, o, c);
+             }),
+             py::arg("module"), py::arg("comm") = py::none(),
+             py::arg("gradient_as_bucket_view") = false, py::arg("bucket_cap_mb") = 25.0)
+        .def("__call__", [](mpiml::GradAverager& a) {
+            py::gil_scoped_release nogil;
+            a();
+        }, "Averages the gradients across ranks, in place (collective).")
+        .def("__len__", &mpiml::GradAverager::size, "Parameters whose gradients are averaged.");
     m.def("sync_params", [](py::handle module, int root, py::handle comm) {
         const mpiml::Comm c = to_comm(comm);
         auto ts = tensors_of(module, true, true, "sync_params");

@@ -39,6 +39,7 @@ def fill_grads(m):
 
 def test_mpiml_exposes_both_modules():
     assert mpiml.mpi_pytorch is mp and mpiml.mpi_avg_grads is mp.mpi_avg_grads
+    assert mpiml.GradAverager is mp.GradAverager
     assert mp.mpi_avg is mpiml.mpi_tools.mpi_avg  # as the seed's namespace
 
 
@@ -84,6 +85,39 @@ def test_avg_grads_of_parameter_list_and_options():
     mp.mpi_avg_grads(list(a.parameters()), gradient_as_bucket_view=True)
     for p, r in zip(a.parameters(), ref):
         torch.testing.assert_close(p.grad, r)
+
+
+@pytest.mark.parametrize("views", [False, True])
+def test_grad_averager_two_models_in_turn_equals_seed(views):
+    # a policy and a value net trained in turn, each with its plan held
+    a, b = actor_critic(), actor_critic()
+    sa, sb = copy.deepcopy(a), copy.deepcopy(b)
+    avg_a = mp.GradAverager(a, gradient_as_bucket_view=views)
+    avg_b = mpiml.GradAverager(b.parameters(), comm=MPI.COMM_WORLD,
+                               gradient_as_bucket_view=views, bucket_cap_mb=0.01)
+    assert len(avg_a) == len(list(a.parameters())) == len(avg_b)
+    for step in range(3):
+        for m, s, avg in ((a, sa, avg_a), (b, sb, avg_b)):
+            g = torch.Generator().manual_seed(7 * step + RANK)
+            for p, q in zip(m.parameters(), s.parameters()):
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad.copy_(torch.randn(p.shape, generator=g))  # in place: views stay views
+                q.grad = p.grad.clone()
+            avg()
+            seed.mpi_avg_grads(s)
+            for p, q in zip(m.parameters(), s.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-6)
+    del avg_a, avg_b  # collective: at the same point on every rank
+
+
+def test_grad_averager_bad_arguments():
+    with pytest.raises(mpiml.ArgumentError, match="bucket_cap_mb must be positive"):
+        mp.GradAverager(nn.Linear(2, 2), bucket_cap_mb=0)
+    with pytest.raises(TypeError, match="expected tensors"):
+        mp.GradAverager([1.0])
+    with pytest.raises(ValueError, match="comm must be"):
+        mp.GradAverager(nn.Linear(2, 2), comm="world")
 
 
 def test_sync_params_parameters_and_buffers():
