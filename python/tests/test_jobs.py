@@ -192,6 +192,7 @@ def test_grad_averagers_alive_at_exit(tmp_path, n):
     and the free function's cached plans still alive when Python exits: the
     job ends cleanly, every rank's line printed, no error on stderr."""
     script = write(tmp_path, "exit.py", """
+        import sys
         import torch
         from torch import nn
         from mpiml.mpi_pytorch import GradAverager, mpi_avg_grads, num_procs, proc_id
@@ -205,7 +206,8 @@ def test_grad_averagers_alive_at_exit(tmp_path, n):
         mpi_avg_grads(m, gradient_as_bucket_view=True)
         mean = (num_procs() - 1) / 2
         assert all(bool((p.grad == mean).all()) for p in m.parameters())
-        print("done", proc_id(), flush=True)
+        sys.stdout.write("done %d\\n" % proc_id())  # one write: ranks' lines never interleave
+        sys.stdout.flush()
         """)
     p, took = run(mpirun(n, PY, script), timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
