@@ -16,6 +16,10 @@ Differences from the seed (tested in python/tests/test_mpi_pytorch.py):
   exact, after a cross-rank check that the modules match (a clear error on
   every rank instead of a hang or a silent corruption).
 - every call takes an optional comm= (an mpi4py communicator).
+
+Beyond the seed: GradAverager(module, ...) holds one model's plan (and, with
+gradient_as_bucket_view=True, keeps its gradients in node-shared buckets);
+avg() then averages like mpi_avg_grads, faster on small models.
 """
 import torch  # noqa: F401  (before mpiml._torch: its type casters need torch)
 
