@@ -49,7 +49,7 @@ def setup_pytorch_for_mpi():
 def mpi_avg_grads(module, comm=None, gradient_as_bucket_view=False, bucket_cap_mb=25):
     """Averages the gradients of module's parameters (or of an iterable of
     parameters) across ranks, in place, in one fused C++ call."""
-    _torch.mpi_avg_grads(module, comm, int(bucket_cap_mb * (1 << 20)), gradient_as_bucket_view)
+    _torch.mpi_avg_grads(module, comm, bucket_cap_mb, gradient_as_bucket_view)
 
 
 def sync_params(module, root=0, comm=None):

@@ -99,6 +99,13 @@ std::vector<at::Tensor> tensors_of(py::handle obj, bool params, bool buffers, co
     return out;
 }
 
+// bucket_cap_mb of mpi_avg_grads and GradAverager, in bytes.
+std::size_t cap_bytes(double mb, const char* call) {
+    if (!(mb > 0) || mb * (1 << 20) > 1e15)
+        raise("ArgumentError", call, "bucket_cap_mb must be positive, got " + std::to_string(mb));
+    return static_cast<std::size_t>(mb * (1 << 20));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_torch, m) {
@@ -109,16 +116,15 @@ PYBIND11_MODULE(_torch, m) {
         py::gil_scoped_release nogil;
         mpiml::setup_pytorch_for_mpi();
     });
-    m.def("mpi_avg_grads", [](py::handle module, py::handle comm, std::size_t bucket_cap_bytes,
-                              bool as_view) {
+    m.def("mpi_avg_grads", [](py::handle module, py::handle comm, double cap_mb, bool as_view) {
         const mpiml::Comm c = to_comm(comm);
-        auto ts = tensors_of(module, true, false, "mpi_avg_grads");
         mpiml::AvgGradsOptions o;
-        o.bucket_cap_bytes = bucket_cap_bytes;
+        o.bucket_cap_bytes = cap_bytes(cap_mb, "mpi_avg_grads");
+        auto ts = tensors_of(module, true, false, "mpi_avg_grads");
         o.gradient_as_bucket_view = as_view;
         py::gil_scoped_release nogil;
         mpiml::mpi_avg_grads(ts, o, c);
-    }, py::arg("module"), py::arg("comm") = py::none(), py::arg("bucket_cap_bytes") = 25u << 20,
+    }, py::arg("module"), py::arg("comm") = py::none(), py::arg("bucket_cap_mb") = 25.0,
        py::arg("gradient_as_bucket_view") = false);
     py::class_<mpiml::GradAverager>(m, "GradAverager",
         "GradAverager(module, comm=None, gradient_as_bucket_view=False, bucket_cap_mb=25)\n\n"
@@ -128,12 +134,9 @@ PYBIND11_MODULE(_torch, m) {
         "the plan each call. Construction, each call and destruction are collective over comm.")
         .def(py::init([](py::handle module, py::handle comm, bool as_view, double cap_mb) {
                  const mpiml::Comm c = to_comm(comm);
-                 if (!(cap_mb > 0) || cap_mb * (1 << 20) > 1e15)
-                     raise("ArgumentError", "mpiml::GradAverager",
-                           "bucket_cap_mb must be positive, got " + std::to_string(cap_mb));
-                 auto ts = tensors_of(module, true, false, "mpiml::GradAverager");
                  mpiml::AvgGradsOptions o;
-                 o.bucket_cap_bytes = static_cast<std::size_t>(cap_mb * (1 << 20));
+                 o.bucket_cap_bytes = cap_bytes(cap_mb, "mpiml::GradAverager");
+                 auto ts = tensors_of(module, true, false, "mpiml::GradAverager");
                  o.gradient_as_bucket_view = as_view;
                  py::gil_scoped_release nogil;
                  return std::make_unique<mpiml::GradAverager>(ts, o, c);

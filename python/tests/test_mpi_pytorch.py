@@ -112,8 +112,11 @@ def test_grad_averager_two_models_in_turn_equals_seed(views):
 
 
 def test_grad_averager_bad_arguments():
-    with pytest.raises(mpiml.ArgumentError, match="bucket_cap_mb must be positive"):
-        mp.GradAverager(nn.Linear(2, 2), bucket_cap_mb=0)
+    for cap in (0, -1):
+        with pytest.raises(mpiml.ArgumentError, match="bucket_cap_mb must be positive"):
+            mp.GradAverager(nn.Linear(2, 2), bucket_cap_mb=cap)
+        with pytest.raises(mpiml.ArgumentError, match="mpi_avg_grads.*bucket_cap_mb must be"):
+            mp.mpi_avg_grads(nn.Linear(2, 2), bucket_cap_mb=cap)
     with pytest.raises(TypeError, match="expected tensors"):
         mp.GradAverager([1.0])
     with pytest.raises(ValueError, match="comm must be"):
