@@ -15,6 +15,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <random>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -452,6 +454,61 @@ TEST(SharedBucket, Average) {
     const auto want = expected_sum<float>(n, 5, true);
     EXPECT_TRUE(std::equal(want.begin(), want.end(), x.begin()));
     EXPECT_TRUE(same_on_all_ranks(fingerprint(std::vector<float>(x.begin(), x.end()))));
+}
+
+// The average is the sum divided by the number of ranks, bit for bit, at the
+// edges of the range too: subnormals, the smallest normal, the largest finite
+// value, infinities, signed zeros and random bit patterns (rank 0 holds the
+// values, the others negative zeros, so the sum is exact).
+template <class R>
+void check_average_edges() {
+    using L = std::numeric_limits<R>;
+    std::vector<R> v = {L::denorm_min(), L::denorm_min() * 3, L::min(), L::min() * 3 / 2,
+                        std::nextafter(L::min(), R(0)), L::max(), -L::max(), L::infinity(),
+                        -L::infinity(), R(-0.0), R(1) / 3, R(-7), L::epsilon()};
+    std::mt19937_64 g(11);
+    while (v.size() < 4099) {  // more than one block of the reduction
+        R x;
+        std::uint64_t bits = g();
+        std::memcpy(&x, &bits, sizeof x);
+        if (std::isfinite(x)) v.push_back(x);
+    }
+    for (auto mode : {shm::Mode::on, shm::Mode::off}) {
+        ForceShm force(mode);
+        for (bool cplx : {false, true}) {
+            const std::size_t n = v.size();
+            mpiml::SharedBucket b(n * sizeof(R) * 2);
+            std::vector<std::complex<R>> want(n);
+            for (std::size_t i = 0; i < n; ++i)
+                want[i] = {v[i] / static_cast<R>(size()), v[n - 1 - i] / static_cast<R>(size())};
+            std::vector<R> got(n * (cplx ? 2 : 1));
+            if (cplx) {
+                auto x = b.as_span<std::complex<R>>();
+                for (std::size_t i = 0; i < n; ++i)
+                    x[i] = rank() == 0 ? std::complex<R>(v[i], v[n - 1 - i]) : std::complex<R>(R(-0.0), R(-0.0));
+                b.average<std::complex<R>>(n);
+                std::memcpy(got.data(), x.data(), got.size() * sizeof(R));
+            } else {
+                auto x = b.as_span<R>();
+                for (std::size_t i = 0; i < n; ++i) x[i] = rank() == 0 ? v[i] : R(-0.0);
+                b.average<R>(n);
+                std::memcpy(got.data(), x.data(), got.size() * sizeof(R));
+            }
+            std::size_t bad = 0;
+            for (std::size_t i = 0; i < n; ++i) {
+                const R w[2] = {want[i].real(), want[i].imag()};
+                for (std::size_t c = 0; c < (cplx ? 2u : 1u); ++c)
+                    if (std::memcmp(&got[i * (cplx ? 2 : 1) + c], &w[c], sizeof(R)) != 0) ++bad;
+            }
+            EXPECT_EQ(bad, 0u) << (cplx ? "complex" : "real") << ", mode "
+                               << (mode == shm::Mode::on ? "on" : "off");
+        }
+    }
+}
+
+TEST(SharedBucket, AverageIsTheSumDividedBitForBit) {
+    check_average_edges<float>();
+    check_average_edges<double>();
 }
 
 TEST(SharedBucket, OffModeUsesMpi) {

@@ -86,36 +86,59 @@ constexpr bool allowed() {
     return op_allowed(O, class_of<T>());
 }
 
-using CombineFn = void (*)(void* out, const void* const* in, int p, std::size_t m);
 using DivideFn = void (*)(void* buf, std::size_t m, int p);
 
-// out[i] = in[0][i] op in[1][i] op ... op in[p-1][i], in this order.
+// Dividing by p: for p a power of two, multiplying by 1 / p, which is exact,
+// so the product is the same correctly rounded value as the quotient, and a
+// multiply is several times cheaper than a divide.
+template <class T>
+struct Divisor {
+    using R = typename std::conditional_t<is_complex<T>::value, T, std::complex<T>>::value_type;
+    explicit Divisor(int p) : d(static_cast<R>(p)), r(R(1) / d), pow2((p & (p - 1)) == 0) {}
+    R d, r;
+    bool pow2;
+};
+
+// out[i] = f(i), divided by divide_by when it is > 1 (floating and complex T).
+template <class T, class F>
+inline void store_each(T* __restrict out, std::size_t m, int divide_by, F f) {
+    if constexpr (std::is_floating_point_v<T> || is_complex<T>::value) {
+        if (divide_by > 1) {
+            const Divisor<T> v(divide_by);
+            if (v.pow2)
+                for (std::size_t i = 0; i < m; ++i) out[i] = f(i) * v.r;
+            else
+                for (std::size_t i = 0; i < m; ++i) out[i] = f(i) / v.d;
+            return;
+        }
+    }
+    for (std::size_t i = 0; i < m; ++i) out[i] = f(i);
+}
+
+// out[i] = in[0][i] op in[1][i] op ... op in[p-1][i], in this order, divided
+// by divide_by (> 1) in the same pass as the last op.
 template <class T, Op O>
-void combine(void* out_, const void* const* in, int p, std::size_t m) {
+void combine(void* out_, const void* const* in, int p, std::size_t m, int divide_by) {
     T* __restrict out = static_cast<T*>(out_);
     const T* a = static_cast<const T*>(in[0]);
     if (p == 1) {
-        std::memcpy(out, a, m * sizeof(T));
+        store_each(out, m, divide_by, [a](std::size_t i) { return a[i]; });
         return;
     }
     const T* b = static_cast<const T*>(in[1]);
-    for (std::size_t i = 0; i < m; ++i) out[i] = Fn<T, O>::apply(a[i], b[i]);
+    store_each(out, m, p == 2 ? divide_by : 0,
+               [a, b](std::size_t i) { return Fn<T, O>::apply(a[i], b[i]); });
     for (int q = 2; q < p; ++q) {
         const T* c = static_cast<const T*>(in[q]);
-        for (std::size_t i = 0; i < m; ++i) out[i] = Fn<T, O>::apply(out[i], c[i]);
+        store_each(out, m, q == p - 1 ? divide_by : 0,
+                   [out, c](std::size_t i) { return Fn<T, O>::apply(out[i], c[i]); });
     }
 }
 
 template <class T>
 void divide(void* buf, std::size_t m, int p) {
-    T* __restrict x = static_cast<T*>(buf);
-    if constexpr (is_complex<T>::value) {
-        const typename T::value_type d = static_cast<typename T::value_type>(p);
-        for (std::size_t i = 0; i < m; ++i) x[i] = x[i] / d;
-    } else {
-        const T d = static_cast<T>(p);
-        for (std::size_t i = 0; i < m; ++i) x[i] = x[i] / d;
-    }
+    T* x = static_cast<T*>(buf);
+    store_each(x, m, p, [x](std::size_t i) { return x[i]; });
 }
 
 template <class T, Op O>

@@ -29,7 +29,9 @@ inline char* align_line(void* p) {
     return static_cast<char*>(p) + (kLine - a % kLine) % kLine;
 }
 
-using CombineFn = void (*)(void* out, const void* const* in, int p, std::size_t m);
+// out = in[0] op ... op in[p-1] over m elements, in this order, divided by
+// divide_by when it is > 1 (floating and complex types).
+using CombineFn = void (*)(void* out, const void* const* in, int p, std::size_t m, int divide_by);
 using DivideFn = void (*)(void* buf, std::size_t m, int p);
 
 struct Kernel {
@@ -55,8 +57,7 @@ inline void reduce_slice(const Kernel& k, const char* const* in, int p, std::siz
         const std::size_t mb = std::min(per, m - b);
         const std::size_t off = b * k.tsize, nb = mb * k.tsize;
         for (int q = 0; q < p; ++q) ptrs[q] = in[q] + off;
-        k.combine(tmp, ptrs.data(), p, mb);
-        if (divide_by > 1) k.divide(tmp, mb, divide_by);
+        k.combine(tmp, ptrs.data(), p, mb, divide_by);
         std::memcpy(out1 + off, tmp, nb);
         if (out2) std::memcpy(out2 + off, tmp, nb);
     }
