@@ -17,6 +17,13 @@ namespace mpiml::detail {
 /// the result; stream: copies into out with stream_copy.
 void node_round(ShmContext& c, const char* const* in, char* const* res, char* out,
                 std::size_t m, const Kernel& k, int divide_by, bool stream, const char* call);
+/// allreduce_node.cpp: SharedBucket's round on one node, in place, between
+/// two node barriers (inputs ready; results written). Node rank me reduces
+/// slice me of every rank's buffer bufs[0..p) (node rank order) and writes
+/// it into every buffer: no rank reads a slice after its owner wrote it, and
+/// no copy round is needed. divide_by > 1 divides the result.
+void push_round(ShmContext& c, char* const* bufs, std::size_t m, const Kernel& k,
+                int divide_by);
 /// allreduce_node.cpp: count elements of send into recv (send may be recv);
 /// hands nodes of one size to run_allreduce_peers.
 void run_allreduce(ShmContext& c, const char* send, char* recv, std::size_t count,

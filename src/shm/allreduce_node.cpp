@@ -9,9 +9,10 @@
 // Nodes of unequal size: the leader gathers the reduced slices, reduces
 // across leaders (deterministic reduce-scatter + allgather over MPI),
 // barrier, and every rank copies the chunk from the leader's set.
-// Steps 2-3 are node_round, which SharedBucket runs once in place (its
-// buckets are the sets, no step 1; with nodes of one size it folds the slice
-// across nodes before the barrier of step 3).
+// Steps 2-3 are node_round. SharedBucket on several nodes runs it once in
+// place (its buckets are the sets, no step 1; with nodes of one size it folds
+// the slice across nodes before the barrier of step 3); on one node it runs
+// push_round: step 2 writes the reduced slice into every bucket, no step 3.
 #include "algorithms.hpp"
 
 #include <cstring>
@@ -53,6 +54,23 @@ void node_round(ShmContext& c, const char* const* in, char* const* res, char* ou
         c.barrier();
         if (out != res[0]) copy(out, res[0], m * ts);
     }
+}
+
+void push_round(ShmContext& c, char* const* bufs, std::size_t m, const Kernel& k,
+                int divide_by) {
+    const std::size_t ts = k.tsize;
+    const int p = c.node_size;
+    const Slices sl(m, p, ts);
+    const std::size_t o = sl.off(c.node_rank) * ts;
+    static thread_local std::vector<const char*> from;
+    static thread_local std::vector<char*> to;
+    from.resize(static_cast<std::size_t>(p));
+    to.resize(static_cast<std::size_t>(p));
+    for (int q = 0; q < p; ++q) {
+        from[q] = bufs[q] + o;
+        to[q] = bufs[q] + o;
+    }
+    reduce_slice(k, from.data(), p, sl.len(c.node_rank), to.data(), p, divide_by);
 }
 
 void run_allreduce(ShmContext& c, const char* send, char* recv, std::size_t count,

@@ -139,8 +139,8 @@ void SharedBucket::reduce(std::size_t count, MPI_Datatype type, const ReduceOp& 
     }
     CollectiveScope scope({Kind::allreduce, call, count, type, static_cast<int>(*op.known()), -1, comm_});
     if (count == 0) return;
-    // The node algorithm of run_allreduce in one round, in place: every
-    // rank's bucket is both its input and where its reduced slice is read.
+    // One round in place: every rank's bucket is both its input and where
+    // the reduced slices land (algorithms.hpp: push_round, node_round).
     const int p = c.node_size;
     static thread_local std::vector<const char*> in;  // no allocation per call
     static thread_local std::vector<char*> res;
@@ -151,6 +151,11 @@ void SharedBucket::reduce(std::size_t count, MPI_Datatype type, const ReduceOp& 
         res[q] = q == c.node_rank ? static_cast<char*>(data_) : static_cast<char*>(peers_[q]);
     }
     c.barrier();  // every rank's bucket is ready
+    if (c.num_nodes == 1) {
+        push_round(c, res.data(), count, k, average ? c.size : 0);
+        c.barrier();  // every slice is in every bucket
+        return;
+    }
     node_round(c, in.data(), res.data(), static_cast<char*>(data_), count, k,
                average ? c.size : 0, true, call);
     c.barrier();  // peers are done reading this bucket

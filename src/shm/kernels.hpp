@@ -44,11 +44,11 @@ struct Kernel {
 // (types the registry leaves to MPI, such as MPI_WCHAR, and illegal ops).
 Kernel resolve(MPI_Datatype t, Op op);
 
-// out1 (and out2 if not null) = the reduction of in[0..p) over m elements,
-// divided by divide_by when it is > 1. Outputs may alias inputs: each block is
-// reduced into a private buffer first.
+// outs[0..nout) = the reduction of in[0..p) over m elements, divided by
+// divide_by when it is > 1. Outputs may alias inputs: each block is reduced
+// into a private buffer first.
 inline void reduce_slice(const Kernel& k, const char* const* in, int p, std::size_t m,
-                         char* out1, char* out2, int divide_by) {
+                         char* const* outs, int nout, int divide_by) {
     alignas(64) static thread_local char tmp[kBlock];
     static thread_local std::vector<const void*> ptrs;
     ptrs.resize(static_cast<std::size_t>(p));
@@ -58,9 +58,15 @@ inline void reduce_slice(const Kernel& k, const char* const* in, int p, std::siz
         const std::size_t off = b * k.tsize, nb = mb * k.tsize;
         for (int q = 0; q < p; ++q) ptrs[q] = in[q] + off;
         k.combine(tmp, ptrs.data(), p, mb, divide_by);
-        std::memcpy(out1 + off, tmp, nb);
-        if (out2) std::memcpy(out2 + off, tmp, nb);
+        for (int o = 0; o < nout; ++o) std::memcpy(outs[o] + off, tmp, nb);
     }
+}
+
+// The same into out1, and into out2 if not null.
+inline void reduce_slice(const Kernel& k, const char* const* in, int p, std::size_t m,
+                         char* out1, char* out2, int divide_by) {
+    char* const outs[2] = {out1, out2};
+    reduce_slice(k, in, p, m, outs, out2 ? 2 : 1, divide_by);
 }
 
 // m elements split into p slices aligned to cache lines.
