@@ -4,15 +4,19 @@
 // allreduce round, p node ranks, rank r owns slice r of the chunk:
 //   1. r copies its slices q != r into its own set.
 //   2. barrier; r reduces slice r over all ranks in rank order (its own part
-//      straight from its send buffer) into its set, and into recv.
-//   3. barrier; r copies the reduced slices q != r into recv.
+//      straight from its send buffer) into recv, and on one node into every
+//      other rank's set (writing to a peer's lines costs less than reading
+//      them), else into its own set.
+//   3. barrier; r copies the reduced slices q != r into recv: from its own
+//      set on one node, else from their owners' sets.
 // Nodes of unequal size: the leader gathers the reduced slices, reduces
 // across leaders (deterministic reduce-scatter + allgather over MPI),
 // barrier, and every rank copies the chunk from the leader's set.
-// Steps 2-3 are node_round. SharedBucket on several nodes runs it once in
-// place (its buckets are the sets, no step 1; with nodes of one size it folds
-// the slice across nodes before the barrier of step 3); on one node it runs
-// push_round: step 2 writes the reduced slice into every bucket, no step 3.
+// With several nodes, steps 2-3 are node_round, which SharedBucket also runs
+// once in place (its buckets are the sets, no step 1; with nodes of one size
+// it folds the slice across nodes before the barrier of step 3). On one node
+// SharedBucket runs push_round: step 2 writes the reduced slice into every
+// bucket, and there is no step 3.
 #include "algorithms.hpp"
 
 #include <cstring>
@@ -98,7 +102,21 @@ void run_allreduce(ShmContext& c, const char* send, char* recv, std::size_t coun
             in[q] = q == me ? s : c.set(q);  // this rank's own slice straight from send
             res[q] = c.set(q);
         }
-        node_round(c, in.data(), res.data(), r, m, k, 0, false, call);
+        if (hier) {
+            node_round(c, in.data(), res.data(), r, m, k, 0, false, call);
+        } else {
+            // One node: slice me goes into every other rank's set and into
+            // recv; after the barrier each rank copies from its own set.
+            const std::size_t o = sl.off(me) * ts;
+            for (int q = 0; q < p; ++q) {
+                in[q] += o;
+                res[q] = q == me ? r + o : res[q] + o;
+            }
+            reduce_slice(k, in.data(), p, sl.len(me), res.data(), p, 0);
+            c.barrier();
+            for (int q = 0; q < p; ++q)
+                if (q != me) std::memcpy(r + sl.off(q) * ts, mine + sl.off(q) * ts, sl.len(q) * ts);
+        }
         done += m;
     }
 }
