@@ -2,9 +2,11 @@
 //
 // mpiml::allreduce and mpiml::broadcast take this path by themselves when it
 // is faster (large buffers, built-in ops); see Mode. SharedBucket lets data
-// live in the shared segment, so that an allreduce skips the copy-in: each
-// rank reduces its slice over all ranks' buckets, then copies the others'
-// reduced slices back, (3 - 1/p) * n bytes of memory traffic per rank.
+// live in the shared segment, so that an allreduce skips the copy-in: on one
+// node each rank reduces its slice over all ranks' buckets and writes it into
+// every bucket, 2 * n bytes of memory traffic per rank and two node barriers
+// (with several nodes it writes its own bucket, and the others' slices are
+// copied back after the exchange across nodes).
 //
 // Ranks of a node reduce through shared memory; with several nodes, each node
 // rank r reduces its slice across nodes over MPI with node rank r of the other
