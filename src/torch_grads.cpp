@@ -280,6 +280,7 @@ struct ViewState {
     std::vector<std::tuple<const void*, std::int64_t, int>> signature;
     std::vector<ViewBucket> buckets;
     std::vector<WeakImpl> params;  // the planned parameters, not kept alive
+    std::vector<c10::TensorImpl*> in_place;  // run_views' scratch, one bucket
 };
 
 /// Gradients still viewing st's buckets get their own memory back, and the
@@ -369,7 +370,10 @@ void run_views(ViewState& st, const std::vector<at::Tensor>& params, const char*
         const std::size_t es = b.wire.size;
         auto* base = static_cast<std::byte*>(b.mem->data());
         std::byte* flags = base + b.payload * es;
-        std::vector<char> is_view(b.entries.size(), 0);
+        // The gradients already in place (else null): their versions are
+        // bumped after the average.
+        auto& in_place = st.in_place;
+        in_place.assign(b.entries.size(), nullptr);
         for (std::size_t k = 0; k < b.entries.size(); ++k) {
             const at::Tensor& p = params[b.entries[k].param];
             std::byte* dst = base + b.entries[k].offset * es;
@@ -378,7 +382,7 @@ void run_views(ViewState& st, const std::vector<at::Tensor>& params, const char*
             bool defined = g.defined();
             if (defined && g.data_ptr() == dst && plain(g, p.scalar_type()) &&
                 g.sizes() == p.sizes()) {
-                is_view[k] = 1;  // already in place: nothing to pack
+                in_place[k] = g.unsafeGetTensorImpl();  // nothing to pack
             } else if (defined) {
                 try {
                     if (g.numel() != p.numel())
@@ -401,8 +405,8 @@ void run_views(ViewState& st, const std::vector<at::Tensor>& params, const char*
         b.mem->average(b.payload + b.entries.size(), b.wire.mpi);
         for (std::size_t k = 0; k < b.entries.size(); ++k) {
             const at::Tensor& p = params[b.entries[k].param];
-            if (is_view[k]) {
-                bump_version(p.grad());
+            if (c10::TensorImpl* g = in_place[k]) {
+                if (!g->is_inference()) g->bump_version();
             } else if (flag_value(b.wire, flags + k * es) != 0.0) {
                 p.mutable_grad() =
                     at::from_blob(base + b.entries[k].offset * es, p.sizes(), p.options());
