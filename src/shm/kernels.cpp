@@ -99,20 +99,21 @@ struct Divisor {
     bool pow2;
 };
 
-// out[i] = f(i), divided by divide_by when it is > 1 (floating and complex T).
+// out[i] = f(out, i), divided by divide_by when it is > 1 (floating and
+// complex T). f reads out only through the pointer it is given.
 template <class T, class F>
 inline void store_each(T* __restrict out, std::size_t m, int divide_by, F f) {
     if constexpr (std::is_floating_point_v<T> || is_complex<T>::value) {
         if (divide_by > 1) {
             const Divisor<T> v(divide_by);
             if (v.pow2)
-                for (std::size_t i = 0; i < m; ++i) out[i] = f(i) * v.r;
+                for (std::size_t i = 0; i < m; ++i) out[i] = f(out, i) * v.r;
             else
-                for (std::size_t i = 0; i < m; ++i) out[i] = f(i) / v.d;
+                for (std::size_t i = 0; i < m; ++i) out[i] = f(out, i) / v.d;
             return;
         }
     }
-    for (std::size_t i = 0; i < m; ++i) out[i] = f(i);
+    for (std::size_t i = 0; i < m; ++i) out[i] = f(out, i);
 }
 
 // out[i] = in[0][i] op in[1][i] op ... op in[p-1][i], in this order, divided
@@ -122,23 +123,22 @@ void combine(void* out_, const void* const* in, int p, std::size_t m, int divide
     T* __restrict out = static_cast<T*>(out_);
     const T* a = static_cast<const T*>(in[0]);
     if (p == 1) {
-        store_each(out, m, divide_by, [a](std::size_t i) { return a[i]; });
+        store_each(out, m, divide_by, [a](const T*, std::size_t i) { return a[i]; });
         return;
     }
     const T* b = static_cast<const T*>(in[1]);
     store_each(out, m, p == 2 ? divide_by : 0,
-               [a, b](std::size_t i) { return Fn<T, O>::apply(a[i], b[i]); });
+               [a, b](const T*, std::size_t i) { return Fn<T, O>::apply(a[i], b[i]); });
     for (int q = 2; q < p; ++q) {
         const T* c = static_cast<const T*>(in[q]);
         store_each(out, m, q == p - 1 ? divide_by : 0,
-                   [out, c](std::size_t i) { return Fn<T, O>::apply(out[i], c[i]); });
+                   [c](const T* o, std::size_t i) { return Fn<T, O>::apply(o[i], c[i]); });
     }
 }
 
 template <class T>
 void divide(void* buf, std::size_t m, int p) {
-    T* x = static_cast<T*>(buf);
-    store_each(x, m, p, [x](std::size_t i) { return x[i]; });
+    store_each(static_cast<T*>(buf), m, p, [](const T* x, std::size_t i) { return x[i]; });
 }
 
 template <class T, Op O>
