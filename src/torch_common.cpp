@@ -81,9 +81,10 @@ bool plain(const at::Tensor& t, at::ScalarType s) {
            t.is_contiguous() && !t.is_conj() && !t.is_neg();
 }
 
-void bump_version(const at::Tensor& t) {
-    if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+void bump_version(c10::TensorImpl* t) {
+    if (!t->is_inference()) t->bump_version();
 }
+void bump_version(const at::Tensor& t) { bump_version(t.unsafeGetTensorImpl()); }
 
 at::Tensor wire_view(void* data, at::IntArrayRef sizes, at::ScalarType wire) {
     return at::from_blob(data, sizes, at::TensorOptions().dtype(wire));

@@ -59,6 +59,9 @@ bool with_grad_dtype(at::ScalarType s, F&& f) {
 
 /// True when t's elements can be read and written as a plain array of dtype s.
 bool plain(const at::Tensor& t, at::ScalarType s);
+/// Marks t (or its TensorImpl) as modified in place, as autograd expects;
+/// inference tensors have no version counter.
+void bump_version(c10::TensorImpl* t);
 void bump_version(const at::Tensor& t);
 /// A tensor of dtype `wire` over data (not owned).
 at::Tensor wire_view(void* data, at::IntArrayRef sizes, at::ScalarType wire);

@@ -405,8 +405,8 @@ void run_views(ViewState& st, const std::vector<at::Tensor>& params, const char*
         b.mem->average(b.payload + b.entries.size(), b.wire.mpi);
         for (std::size_t k = 0; k < b.entries.size(); ++k) {
             const at::Tensor& p = params[b.entries[k].param];
-            if (c10::TensorImpl* g = in_place[k]) {
-                if (!g->is_inference()) g->bump_version();
+            if (in_place[k]) {
+                bump_version(in_place[k]);
             } else if (flag_value(b.wire, flags + k * es) != 0.0) {
                 p.mutable_grad() =
                     at::from_blob(base + b.entries[k].offset * es, p.sizes(), p.options());

@@ -17,13 +17,14 @@ namespace mpiml::detail {
 /// the result; stream: copies into out with stream_copy.
 void node_round(ShmContext& c, const char* const* in, char* const* res, char* out,
                 std::size_t m, const Kernel& k, int divide_by, bool stream, const char* call);
-/// allreduce_node.cpp: SharedBucket's round on one node, in place, between
-/// two node barriers (inputs ready; results written). Node rank me reduces
-/// slice me of every rank's buffer bufs[0..p) (node rank order) and writes
-/// it into every buffer: no rank reads a slice after its owner wrote it, and
-/// no copy round is needed. divide_by > 1 divides the result.
-void push_round(ShmContext& c, char* const* bufs, std::size_t m, const Kernel& k,
-                int divide_by);
+/// allreduce_node.cpp: one node, between two node barriers (inputs ready;
+/// results written). Node rank me reduces slice me of in[0..p) (node rank
+/// order) and writes it into slice me of every out[q]. SharedBucket passes
+/// its buckets as both (in place: no rank reads a slice after its owner
+/// wrote it, so no copy round); run_allreduce passes the sets, with its send
+/// and recv buffers as in[me] and out[me]. divide_by > 1 divides the result.
+void push_round(ShmContext& c, const char* const* in, char* const* out, std::size_t m,
+                const Kernel& k, int divide_by);
 /// allreduce_node.cpp: count elements of send into recv (send may be recv);
 /// hands nodes of one size to run_allreduce_peers.
 void run_allreduce(ShmContext& c, const char* send, char* recv, std::size_t count,

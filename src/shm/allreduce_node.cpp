@@ -60,19 +60,19 @@ void node_round(ShmContext& c, const char* const* in, char* const* res, char* ou
     }
 }
 
-void push_round(ShmContext& c, char* const* bufs, std::size_t m, const Kernel& k,
-                int divide_by) {
+void push_round(ShmContext& c, const char* const* in, char* const* out, std::size_t m,
+                const Kernel& k, int divide_by) {
     const std::size_t ts = k.tsize;
     const int p = c.node_size;
     const Slices sl(m, p, ts);
     const std::size_t o = sl.off(c.node_rank) * ts;
-    static thread_local std::vector<const char*> from;
+    static thread_local std::vector<const char*> from;  // no allocation per call
     static thread_local std::vector<char*> to;
     from.resize(static_cast<std::size_t>(p));
     to.resize(static_cast<std::size_t>(p));
     for (int q = 0; q < p; ++q) {
-        from[q] = bufs[q] + o;
-        to[q] = bufs[q] + o;
+        from[q] = in[q] + o;
+        to[q] = out[q] + o;
     }
     reduce_slice(k, from.data(), p, sl.len(c.node_rank), to.data(), p, divide_by);
 }
@@ -107,12 +107,8 @@ void run_allreduce(ShmContext& c, const char* send, char* recv, std::size_t coun
         } else {
             // One node: slice me goes into every other rank's set and into
             // recv; after the barrier each rank copies from its own set.
-            const std::size_t o = sl.off(me) * ts;
-            for (int q = 0; q < p; ++q) {
-                in[q] += o;
-                res[q] = q == me ? r + o : res[q] + o;
-            }
-            reduce_slice(k, in.data(), p, sl.len(me), res.data(), p, 0);
+            res[me] = r;
+            push_round(c, in.data(), res.data(), m, k, 0);
             c.barrier();
             for (int q = 0; q < p; ++q)
                 if (q != me) std::memcpy(r + sl.off(q) * ts, mine + sl.off(q) * ts, sl.len(q) * ts);

@@ -152,7 +152,7 @@ void SharedBucket::reduce(std::size_t count, MPI_Datatype type, const ReduceOp& 
     }
     c.barrier();  // every rank's bucket is ready
     if (c.num_nodes == 1) {
-        push_round(c, res.data(), count, k, average ? c.size : 0);
+        push_round(c, in.data(), res.data(), count, k, average ? c.size : 0);
         c.barrier();  // every slice is in every bucket
         return;
     }
