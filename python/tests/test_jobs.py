@@ -81,7 +81,8 @@ def test_ctrl_c_on_the_launcher_ends_every_rank(tmp_path):
     script = write(tmp_path, "loop.py", """
         import sys, numpy as np
         import mpiml.mpi_tools as mt
-        print("ready", flush=True)
+        sys.stdout.write("ready\\n")  # one write: print's pieces interleave across ranks
+        sys.stdout.flush()
         while True:
             mt.mpi_sum(np.ones(3))
         """)
