@@ -53,6 +53,7 @@ public:
 
 private:
     bool armed_ = false;
+    bool marked_ = false;  // on the exit guard's board
     std::optional<ProfileMark> profile_;
 };
 

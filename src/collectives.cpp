@@ -1,6 +1,7 @@
 // The type-erased collective core: every mpiml collective goes through here.
 #include "agreement.hpp"
 #include "call.hpp"
+#include "exit_guard.hpp"
 #include "profile_hooks.hpp"
 #include "state.hpp"
 #include "types.hpp"
@@ -53,6 +54,13 @@ int seq_keyval = MPI_KEYVAL_INVALID;
 int delete_seq(MPI_Comm, int, void* value, void*) {
     delete static_cast<std::uint64_t*>(value);
     return MPI_SUCCESS;
+}
+
+// Every rank is a member (the exit guard's concern).
+bool spans_world(MPI_Comm comm) {
+    if (comm == MPI_COMM_WORLD) return true;
+    int n = 0;
+    return MPI_Comm_size(comm, &n) == MPI_SUCCESS && n == state().world_size;
 }
 
 constexpr std::size_t max_chunk = std::size_t{1} << 30;  // elements per MPI call
@@ -176,6 +184,13 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
     // board (set up collectively on the first world collective) may not.
     const std::uint64_t seq = next_sequence(info.comm);
     if (info.comm == MPI_COMM_WORLD) arrival_mark(seq);
+    if (spans_world(info.comm)) {
+        exit_guard_setup();
+        if (exit_guard_ready()) {
+            exit_mark_enter(info.kind, seq);
+            marked_ = true;
+        }
+    }
     if (!check && !timed && !prof) return;
     if (timed) {
         watchdog_arm(info, seq);
@@ -195,6 +210,7 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
 }
 
 CollectiveScope::~CollectiveScope() {
+    if (marked_ && exit_guard_ready()) exit_mark_leave();
     if (armed_) watchdog_disarm();
     if (profile_) profile_collective(*profile_);
 }

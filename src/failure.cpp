@@ -1,4 +1,5 @@
 // Abort on failure: print one clear line, then MPI_Abort the whole job.
+#include "exit_guard.hpp"
 #include "state.hpp"
 
 #include <mpiml/failure.hpp>
@@ -157,6 +158,7 @@ int run(int argc, char** argv, const std::function<int(int, char**)>& fn) {
     } catch (...) {
         abort_job(current_exception_text(), 1);
     }
+    detail::set_exit_status(rc);  // the Session ends (and MPI with it) before main returns rc
     return rc;
 }
 

@@ -48,6 +48,27 @@ int body(const std::string& mode, int faulty) {
         else mpiml::mpi_sum(1.0);
     }
     if (mode == "op") mpiml::mpi_op(1, me ? mpiml::Op::min : mpiml::Op::max);
+    // Ends while the other ranks go on to step(2): they wait for it there.
+    if (mode == "exit" && me) std::exit(3);
+    if (mode == "return" && me) return 0;
+    if (mode == "caught" && me) {
+        try {
+            throw std::runtime_error("handled by exiting");
+        } catch (const std::exception&) {
+            std::exit(4);
+        }
+    }
+    if (mode == "early_ok") {  // not a failure: the faulty rank ends first, the others work on
+        step(1);
+        if (me) return 0;
+        ::usleep(1500 * 1000);
+        const std::string path = "fault_child_early_ok." + std::to_string(rank);
+        if (FILE* f = std::fopen(path.c_str(), "w")) {
+            std::fprintf(f, "rank %d done\n", rank);
+            std::fclose(f);
+        }
+        return 0;
+    }
     if (mode == "session_unwind") {
         try {
             mpiml::Session s;
