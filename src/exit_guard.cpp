@@ -7,8 +7,10 @@
 // until every rank has ended (then finalizes as usual). A peer inside a
 // collective it entered after this rank's last one waits for a rank that
 // will never come: the job is aborted at once, with one line naming both.
-// A peer busy outside MPI is simply waited for: a remote read completes when
-// the peer's MPI makes progress, a node-local one at once.
+// A peer busy outside MPI is simply waited for. Peers on this node are read
+// in shared memory (a rank waiting in the shared-memory path is not inside
+// MPI); others with MPI_Rget, which completes when the peer's MPI makes
+// progress, as it does while the peer waits in an MPI collective.
 #include "exit_guard.hpp"
 
 #include "state.hpp"
@@ -37,8 +39,11 @@ struct Guard {
     std::once_flag once;
     std::atomic<bool> ready{false};
     std::atomic<bool> ran{false};
-    MPI_Win win = MPI_WIN_NULL;
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Win node_win = MPI_WIN_NULL;     // the counters, shared within the node
+    MPI_Win win = MPI_WIN_NULL;          // the same memory, for remote reads
     std::uint64_t* mine = nullptr;
+    std::vector<std::uint64_t*> local;  // by world rank; null for other nodes
     std::atomic<int> status{-1};  // -1: not known
 };
 // Never destroyed: used inside MPI_Finalize, which may run from atexit.
@@ -75,18 +80,52 @@ std::string waiting_text(const std::vector<std::pair<int, std::uint64_t>>& stuck
 void exit_guard_setup() {
     auto& g = guard();
     std::call_once(g.once, [&g] {
-        if (state().world_size <= 1) return;
+        const int n = state().world_size;
+        if (n <= 1) return;
+        constexpr MPI_Aint bytes = nslots * sizeof(std::uint64_t);
+        g.local.assign(static_cast<std::size_t>(n), nullptr);
         void* base = nullptr;
-        if (MPI_Win_allocate(nslots * sizeof(std::uint64_t), sizeof(std::uint64_t), MPI_INFO_NULL,
-                             MPI_COMM_WORLD, &base, &g.win) != MPI_SUCCESS)
-            return;  // no one-sided support: the guard stays off
+        if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &g.node) ==
+                MPI_SUCCESS &&
+            MPI_Win_allocate_shared(bytes, sizeof(std::uint64_t), MPI_INFO_NULL, g.node, &base,
+                                    &g.node_win) == MPI_SUCCESS) {
+            int k = 0;
+            MPI_Comm_size(g.node, &k);
+            MPI_Group gn, gw;
+            MPI_Comm_group(g.node, &gn);
+            MPI_Comm_group(MPI_COMM_WORLD, &gw);
+            for (int r = 0; r < k; ++r) {
+                MPI_Aint size = 0;
+                int disp = 0, w = MPI_UNDEFINED;
+                void* p = nullptr;
+                MPI_Group_translate_ranks(gn, 1, &r, gw, &w);
+                if (MPI_Win_shared_query(g.node_win, r, &size, &disp, &p) == MPI_SUCCESS &&
+                    w >= 0 && w < n && size >= bytes)
+                    g.local[static_cast<std::size_t>(w)] = static_cast<std::uint64_t*>(p);
+            }
+            MPI_Group_free(&gn);
+            MPI_Group_free(&gw);
+            g.mine = static_cast<std::uint64_t*>(base);
+            for (int i = 0; i < nslots; ++i) g.mine[i] = 0;
+            if (MPI_Win_create(base, bytes, sizeof(std::uint64_t), MPI_INFO_NULL, MPI_COMM_WORLD,
+                               &g.win) != MPI_SUCCESS)
+                return;  // no one-sided support: the guard stays off
+        } else {
+            if (g.node != MPI_COMM_NULL) MPI_Comm_free(&g.node);
+            g.local.assign(static_cast<std::size_t>(n), nullptr);
+            if (MPI_Win_allocate(bytes, sizeof(std::uint64_t), MPI_INFO_NULL, MPI_COMM_WORLD, &base,
+                                 &g.win) != MPI_SUCCESS)
+                return;
+            g.mine = static_cast<std::uint64_t*>(base);
+            for (int i = 0; i < nslots; ++i) g.mine[i] = 0;
+        }
         MPI_Win_set_errhandler(g.win, MPI_ERRORS_RETURN);
-        g.mine = static_cast<std::uint64_t*>(base);
-        for (int i = 0; i < nslots; ++i) g.mine[i] = 0;
         if (MPI_Win_lock_all(MPI_MODE_NOCHECK, g.win) != MPI_SUCCESS) {
             MPI_Win_free(&g.win);
             return;
         }
+        // Every rank's counters start at zero before any rank reads them.
+        MPI_Barrier(MPI_COMM_WORLD);
         g.ready.store(true, std::memory_order_release);
     });
 }
@@ -128,15 +167,20 @@ void exit_guard_run() {
             Peer& p = peers[static_cast<std::size_t>(j)];
             if (p.ended) continue;
             all_ended = false;
-            if (p.req == MPI_REQUEST_NULL &&
+            if (std::uint64_t* q = g.local[static_cast<std::size_t>(j)]) {
+                for (int i = nslots - 1; i >= 0; --i)  // ended first, entered last
+                    p.buf[i] = std::atomic_ref<std::uint64_t>(q[i]).load(std::memory_order_acquire);
+            } else if (p.req == MPI_REQUEST_NULL &&
                 MPI_Rget(p.buf, nslots, MPI_UINT64_T, j, 0, nslots, MPI_UINT64_T, g.win, &p.req) !=
                     MPI_SUCCESS) {
                 broken = true;
                 break;
             }
-            int done = 0;
-            if (MPI_Test(&p.req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) broken = true;
-            if (!done) continue;
+            if (!g.local[static_cast<std::size_t>(j)]) {
+                int done = 0;
+                if (MPI_Test(&p.req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) broken = true;
+                if (!done) continue;
+            }
             if (p.buf[ended] != 0)
                 p.ended = true;
             else if (p.buf[inside] > 0 && p.buf[entered] > my_entered)
@@ -159,6 +203,8 @@ void exit_guard_run() {
     g.ready.store(false, std::memory_order_release);
     MPI_Win_unlock_all(g.win);
     MPI_Win_free(&g.win);
+    if (g.node_win != MPI_WIN_NULL) MPI_Win_free(&g.node_win);
+    if (g.node != MPI_COMM_NULL) MPI_Comm_free(&g.node);
 }
 
 }  // namespace mpiml::detail
