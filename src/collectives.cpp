@@ -89,6 +89,7 @@ const char* kind_name(Kind k) {
         case Kind::broadcast: return "broadcast";
         case Kind::allgather: return "allgather";
         case Kind::barrier: return "barrier";
+        case Kind::other: break;
     }
     return "collective";
 }
@@ -207,6 +208,19 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
     if (prof)
         profile_ = ProfileMark{info, seq, t0, check ? profile_now() - t0 : -1,
                                profile_generation.load(std::memory_order_relaxed)};
+}
+
+ExitMark::ExitMark(int kind, MPI_Comm comm, std::uint64_t seq) {
+    if (!spans_world(comm)) return;
+    exit_guard_setup();
+    if (!exit_guard_ready()) return;
+    const bool known = kind >= static_cast<int>(Kind::allreduce) && kind <= static_cast<int>(Kind::other);
+    exit_mark_enter(known ? static_cast<Kind>(kind) : Kind::other, seq);
+    marked_ = true;
+}
+
+ExitMark::~ExitMark() {
+    if (marked_ && exit_guard_ready()) exit_mark_leave();
 }
 
 CollectiveScope::~CollectiveScope() {

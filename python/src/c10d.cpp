@@ -27,6 +27,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -241,6 +242,21 @@ private:
 // ------------------------------------------------------------ the group
 
 std::atomic<bool> g_check_default{true};
+std::atomic<bool> g_exiting{false};
+
+// The exit guard's kind of a c10d operation (mpiml::detail::ExitMark).
+int exit_kind(std::int64_t op) {
+    switch (static_cast<c10d::OpType>(op)) {
+        case c10d::OpType::ALLREDUCE:
+        case c10d::OpType::ALLREDUCE_COALESCED: return 1;
+        case c10d::OpType::BROADCAST: return 2;
+        case c10d::OpType::ALLGATHER:
+        case c10d::OpType::_ALLGATHER_BASE:
+        case c10d::OpType::ALLGATHER_COALESCED: return 3;
+        case c10d::OpType::BARRIER: return 4;
+        default: return 5;
+    }
+}
 
 class ProcessGroupMpiml;
 // Live groups, so that exit can drain their workers before MPI_Finalize.
@@ -459,17 +475,17 @@ ProcessGroupMpiml::ProcessGroupMpiml(int rank, int size, double timeout_s,
     g_groups.push_back(this);
 }
 
-// Python exit: finish every group's queued work, stop its threads, then
-// finalize MPI if mpiml initialized it (which also stops mpiml's own
-// watchdog thread before static destructors run).
+// Python exit: finish every group's queued work and stop its threads. MPI is
+// finalized after the interpreter, by mpiml's exit handler (or by mpi4py's,
+// if it initialized MPI), which knows the exit status for the exit guard.
 void at_exit() {
+    g_exiting.store(true);
     std::vector<ProcessGroupMpiml*> groups;
     {
         std::lock_guard lock(g_groups_mutex);
         groups = g_groups;
     }
     for (auto* g : groups) g->shutdown();
-    if (mpiml::is_initialized() && !mpiml::is_finalized()) mpiml::finalize();
 }
 
 void ProcessGroupMpiml::shutdown() {
@@ -486,7 +502,11 @@ void ProcessGroupMpiml::shutdown() {
     }
     wcv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
-    if (comm_ != MPI_COMM_NULL && mpiml::is_initialized() && !mpiml::is_finalized())
+    // Not at exit: freeing a communicator can be collective (its shared-memory
+    // segment), and a peer may never come; MPI_Finalize, after the exit
+    // guard, releases it.
+    if (comm_ != MPI_COMM_NULL && !g_exiting.load() && mpiml::is_initialized() &&
+        !mpiml::is_finalized())
         MPI_Comm_free(&comm_);
     comm_ = MPI_COMM_NULL;
 }
@@ -648,6 +668,9 @@ void ProcessGroupMpiml::loop() {
         std::exception_ptr ep;
         MPI_Request req = MPI_REQUEST_NULL;
         try {
+            // The agreement round runs outside the core: mark it for the exit guard.
+            std::optional<mpiml::detail::ExitMark> mark;
+            if (e.collective && size_ > 1) mark.emplace(exit_kind(e.sig.v[0]), comm_, seq_);
             if (e.collective && check_ && size_ > 1) verify(e);
             req = e.run(*e.work);
         } catch (...) {
