@@ -180,6 +180,7 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
     const bool check = s.check.load(std::memory_order_relaxed);
     const bool timed = s.timeout.load(std::memory_order_relaxed) > 0;
     const std::int64_t t0 = prof ? profile_now() : 0;
+    if (injecting()) inject_on_collective();
     // Every rank counts and marks every collective whatever its own settings,
     // which may differ between ranks: the sequence numbers and the arrival
     // board (set up collectively on the first world collective) may not.

@@ -77,6 +77,7 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
     if (opts.check) s.check = *opts.check;
     s.abort_on_failure = opts.abort_on_failure;
     if (s.abort_on_failure) install_failure_handlers();
+    inject_setup();
     // Set up with MPI_Init, which every rank calls; when another library
     // initialized MPI, on the first collective that spans every rank.
     if (s.we_initialized) exit_guard_setup();
@@ -96,6 +97,7 @@ void read_environment(State& s) {
     const EnvConfig& c = env_config();
     if (c.check) s.check = *c.check;
     if (c.timeout) s.timeout = *c.timeout;
+    set_abort_record(c.abort_record);
 }
 
 }  // namespace detail

@@ -69,6 +69,7 @@ int body(const std::string& mode, int faulty) {
         }
         return 0;
     }
+    if (mode == "attempts" && rank == 0) std::printf("attempt=%d\n", mpiml::restart_attempt());
     if (mode == "session_unwind") {
         try {
             mpiml::Session s;
@@ -96,6 +97,10 @@ int main(int argc, char** argv) {
         use_run = true;
     }
     const int faulty = std::atoi(argv[2]);
+    if (mode == "fork_restarts") {  // mpi_fork onto 2 ranks with 2 restarts, then "attempts"
+        mpiml::mpi_fork(2, mpiml::ForkOptions{.restarts = 2, .backoff = 0.2});
+        mode = "attempts";
+    }
     if (mode == "after_finalize") {
         mpiml::ensure_initialized();
         mpiml::finalize();
