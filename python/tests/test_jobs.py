@@ -362,3 +362,36 @@ def test_torch_distributed_rank_that_exits_while_others_wait_ends_the_job(tmp_pa
     assert secs < 45, (secs, out)
     assert re.search(r"\[mpiml\] rank 1/2: exited with status 3 \(host [^)]+\) while rank 0 waits in "
                      r"allreduce #\d+ - aborting the job", out), out
+
+
+RESTART = """
+    import numpy as np
+    import mpiml.mpi_tools as mt
+    mt.mpi_fork(2, restarts=2, backoff=0.2)
+    attempt = mt.restart_attempt()
+    for _ in range(3):
+        mt.mpi_sum(np.ones(2))
+    if mt.proc_id() == 0:
+        print("attempt=%d" % attempt, flush=True)
+    """
+
+
+@pytest.mark.parametrize("inject,status", [("exit=3:1:2", 3), ("kill:0:2", None)])
+def test_mpi_fork_restarts_after_a_failure(tmp_path, inject, status):
+    script = write(tmp_path, "restart.py", RESTART)
+    t0 = time.monotonic()
+    p = subprocess.run([PY, script], capture_output=True, text=True, timeout=120,
+                       env=clean_env(MPIML_INJECT=inject))
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert time.monotonic() - t0 < 60, out
+    assert re.search(r"\[mpiml\] mpi_fork: attempt 1 of 3 failed with status %s \(rank \d/2 host "
+                     % (status if status is not None else r"\d+"), out), out
+    assert "attempt 2 of 3 failed" not in out, out
+    assert "attempt=1" in p.stdout, out
+
+
+def test_mpi_fork_restarts_argument_checked():
+    import mpiml.mpi_tools as mt
+    with pytest.raises(ValueError, match="restarts must be >= 0"):
+        mt.mpi_fork(2, restarts=-1)
