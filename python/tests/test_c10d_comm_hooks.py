@@ -3,9 +3,12 @@ PowerSGD) on the "mpiml" backend against the same training on Gloo: same
 seeds, same data, one Gloo group beside the default "mpiml" group.
 
 PowerSGD's future callbacks issue collectives on the group and wait for them;
-the group must run those while the callback that waits is still running."""
+the group must run those while the callback that waits is still running. The
+last tests do that without DDP, and wait in a callback for an op issued
+before it."""
 
 import datetime
+import time
 
 import pytest
 import torch
@@ -109,3 +112,41 @@ def test_comm_hook_matches_gloo(world, gloo, hook):
                                        msg=lambda m: "parameter %d (%s hook): %s" % (i, hook, m))
     for p in got:  # every rank holds bitwise the same parameters
         assert all(torch.equal(e, p) for e in every_rank(p))
+
+
+# In the tests below the last rank comes late, so that on the others the
+# future is still pending when then() is called: its callback runs on the
+# group's own thread, where waiting for the group used to hang it.
+
+def test_future_callback_issues_and_waits_for_collective(world):
+    rank, n = world
+    t = torch.full((5,), float(rank + 1))
+    if rank == n - 1:
+        time.sleep(0.2)
+
+    def callback(fut):
+        u = fut.value()[0] * 2
+        dist.all_reduce(u)  # same group, synchronous, from inside the callback
+        v = torch.full((3,), float(rank))
+        dist.all_reduce(v, async_op=True).wait()
+        return u + v[0]
+
+    out = dist.all_reduce(t, async_op=True).get_future().then(callback).wait()
+    s = n * (n + 1) / 2
+    assert torch.equal(out, torch.full((5,), 2 * n * s + n * (n - 1) / 2))
+
+
+def test_future_callback_waits_for_earlier_op(world):
+    rank, n = world
+    a, b = torch.full((4,), float(rank)), torch.full((6,), 1.0)
+    if rank == n - 1:
+        time.sleep(0.2)
+    first = dist.all_reduce(a, async_op=True)
+    second = dist.all_reduce(b, async_op=True)  # queued behind first
+
+    def callback(fut):
+        second.wait()
+        return fut.value()[0].sum() + b.sum()
+
+    out = first.get_future().then(callback).wait()
+    assert out.item() == 4 * n * (n - 1) / 2 + 6 * n
