@@ -29,6 +29,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -347,7 +348,7 @@ private:
 
     void loop(bool runner);
     bool complete_all(std::vector<Done>& done, std::unique_lock<std::mutex>& lock);
-    void hand_off_locked();
+    bool hand_off_locked();
     void watchdog_loop();
     void verify(const Entry& e);
     // verify's wait: polls before yielding, and how long it yields before napping.
@@ -370,7 +371,7 @@ private:
     // issue order, polls pending_ and completes the Works. Completing a Work
     // runs its future's callbacks (then(), DDP comm hooks) on that thread,
     // and a callback may block: PowerSGD's issue a collective on this group
-    // and wait for it. So the role is given up around the callbacks; a
+    // and wait for it, which would wait behind them in the queue. So the role is given up around the callbacks; a
     // collective issued from inside them, or work left waiting past a
     // watchdog tick, hands it to a spare thread (started on first need), and
     // the thread back from its callbacks becomes a spare if the role was taken.
@@ -546,7 +547,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::enqueue(
         if (!runner_) {
             // The runner is in callbacks. Issued from one of them (this
             // thread), the op would wait behind the callback that waits for it.
-            if (t_completing == this) hand_off_locked();
+            if (t_completing == this && !hand_off_locked()) {
+                const std::string n = std::move(queue_.back().name);
+                queue_.pop_back();
+                fail(n, "issued from a future's callback, it needs a spare thread, which could "
+                        "not be started");
+            }
             return work;
         }
     }
@@ -555,13 +561,20 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::enqueue(
 }
 
 // With m_ held: wakes a spare to take the free runner role, or starts one.
-void ProcessGroupMpiml::hand_off_locked() {
+// False if a thread could not be started.
+bool ProcessGroupMpiml::hand_off_locked() {
     if (idle_spares_ > 0) {
         spare_cv_.notify_one();
     } else if (!closed_) {
         ++idle_spares_;  // counted from its start, so that it is started once
-        threads_.emplace_back([this] { loop(/*runner=*/false); });
+        try {
+            threads_.emplace_back([this] { loop(/*runner=*/false); });
+        } catch (const std::system_error&) {
+            --idle_spares_;
+            return false;
+        }
     }
+    return true;
 }
 
 // Every rank agrees on the call's signature first, so that a mismatch (size,
