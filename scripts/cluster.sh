@@ -155,6 +155,9 @@ ompi_env() {
   # idle time first), so that a cut link ends the job on every host.
   export OMPI_MCA_oob_tcp_keepalive_time=2 OMPI_MCA_oob_tcp_keepalive_intvl=1 OMPI_MCA_oob_tcp_keepalive_probes=3
   export OMPI_MCA_rmaps_base_oversubscribe=1
+  # One-sided MPI over TCP (osc ucx; Open MPI picks it by itself only on
+  # InfiniBand/RoCE): the exit guard reads the ranks of other hosts with it.
+  export OMPI_MCA_osc=sm,ucx
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   export MPIML_HOSTFILE=$dir/hostfile
 }

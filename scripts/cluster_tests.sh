@@ -88,7 +88,7 @@ fc=$build/tests/fault_child
 # fault_case name limit regex mode faulty [action after 3 s]
 fault_case() {
   local name=$1 limit=$2 regex=$3 mode=$4 faulty=$5 action=${6:-}
-  bash "$root/tests/run_fault_case.sh" "$mpirun_cl" "--host h1:2,h2:2" "$fc" 4 "$mode" "$faulty" \
+  bash "$root/tests/run_fault_case.sh" "$mpirun_cl" "${fault_hosts:---host h1:2,h2:2}" "$fc" "${fault_np:-4}" "$mode" "$faulty" \
     "$limit" "$regex" > "$log/fault.$name.log" 2>&1 &
   local job=$!
   if [ -n "$action" ]; then sleep 3; eval "$action" >> "$log/fault.$name.log" 2>&1; fi
@@ -107,6 +107,12 @@ if [ -x "$fc" ]; then
   fault_case h2_link_cut 16 "rank [0-3]/4: watchdog: .*(never arrived|on this node \\(h[12]\\) arrived)|lost communication with a remote daemon" loop -1 \
     'ip -n mpiml-h2 link set eth0 down; (sleep 20; ip -n mpiml-h2 link set eth0 up) &'
   fault_case rank_stalled_on_h2 13 "watchdog: .*never arrived: 3 " stall 3
+  # A rank that ends while the others wait for it (the exit guard, across hosts).
+  fault_case rank_exits_on_h2 10 "rank 3/4: exited with status 3 \\(host h2\\) while (rank [0-2] waits|ranks [0-2, ]+ wait) in allreduce #2" exit 3
+  fault_case rank_returns_on_h1 10 "rank 0/4: exited with status 0 \\(host h1\\) while (rank [1-3] waits|ranks [1-3, ]+ wait) in allreduce #2" return 0
+  EXPECT_OK=1 fault_case rank_ends_first_on_h2 12 "aborting the job" early_ok 3
+  # One rank a host: only the remote read (one-sided MPI) sees the waiting rank.
+  fault_hosts="--host h1:1,h2:1" fault_np=2 fault_case rank_exits_alone_on_h2 10 "rank 1/2: exited with status 3 \\(host h2\\) while rank 0 waits in allreduce #2" exit 1
 fi
 unset MPIML_TIMEOUT
 

@@ -87,6 +87,16 @@ bool profile_clock_measure() {
 
 bool launched_by_mpi_fork() { return get("IN_MPI").has_value(); }
 
+std::optional<bool> env_c10d_check() { return env_config().c10d_check; }
+bool env_profile_requested() { return !env_config().profile_dir.empty(); }
+
+bool started_by_launcher() {
+    // Open MPI, PMIx (Open MPI, Slurm), MPICH's Hydra and PMI-2 (Slurm).
+    for (const char* v : {"IN_MPI", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+        if (get(v)) return true;
+    return false;
+}
+
 LaunchConfig read_launch_config(const char* call) {
     LaunchConfig c;
     if (auto v = get("MPIML_MPIRUN")) c.launcher = *v;
@@ -187,6 +197,7 @@ EnvConfig read_env_config() {
         c.attempt = static_cast<int>(k);
     }
     if (auto v = get("MPIML_ABORT_RECORD")) c.abort_record = *v;
+    if (auto v = get("MPIML_C10D_CHECK")) c.c10d_check = parse_bool("MPIML_C10D_CHECK", *v);
     return c;
 }
 

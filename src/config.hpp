@@ -28,6 +28,7 @@ struct EnvConfig {
     std::vector<Injection> inject;  // MPIML_INJECT (first attempt only)
     int attempt = 0;                // MPIML_ATTEMPT: 0 first, set by restarting launchers
     std::string abort_record;       // MPIML_ABORT_RECORD: file the abort line is appended to
+    std::optional<bool> c10d_check; // MPIML_C10D_CHECK
 };
 
 /// Parses MPIML_INJECT's value (exposed for tests).

@@ -42,6 +42,7 @@ struct Guard {
     MPI_Comm node = MPI_COMM_NULL;
     MPI_Win node_win = MPI_WIN_NULL;     // the counters, shared within the node
     MPI_Win win = MPI_WIN_NULL;          // the same memory, for remote reads
+    bool remote = false;                 // win works on every rank
     std::uint64_t* mine = nullptr;
     std::vector<std::uint64_t*> local;  // by world rank; null for other nodes
     std::atomic<int> status{-1};  // -1: not known
@@ -106,26 +107,28 @@ void exit_guard_setup() {
             MPI_Group_free(&gn);
             MPI_Group_free(&gw);
             g.mine = static_cast<std::uint64_t*>(base);
-            for (int i = 0; i < nslots; ++i) g.mine[i] = 0;
-            if (MPI_Win_create(base, bytes, sizeof(std::uint64_t), MPI_INFO_NULL, MPI_COMM_WORLD,
-                               &g.win) != MPI_SUCCESS)
-                return;  // no one-sided support: the guard stays off
         } else {
             if (g.node != MPI_COMM_NULL) MPI_Comm_free(&g.node);
             g.local.assign(static_cast<std::size_t>(n), nullptr);
-            if (MPI_Win_allocate(bytes, sizeof(std::uint64_t), MPI_INFO_NULL, MPI_COMM_WORLD, &base,
-                                 &g.win) != MPI_SUCCESS)
-                return;
-            g.mine = static_cast<std::uint64_t*>(base);
-            for (int i = 0; i < nslots; ++i) g.mine[i] = 0;
+            g.mine = new std::uint64_t[nslots];  // for remote reads only; kept
         }
-        MPI_Win_set_errhandler(g.win, MPI_ERRORS_RETURN);
-        if (MPI_Win_lock_all(MPI_MODE_NOCHECK, g.win) != MPI_SUCCESS) {
-            MPI_Win_free(&g.win);
-            return;
+        for (int i = 0; i < nslots; ++i) g.mine[i] = 0;
+        // Remote reads need one-sided MPI over the network (Open MPI: osc ucx,
+        // chosen on InfiniBand/RoCE, or with --mca osc sm,ucx over TCP). Every
+        // rank must have it, or no rank uses it.
+        int ok = MPI_Win_create(g.mine, bytes, sizeof(std::uint64_t), MPI_INFO_NULL, MPI_COMM_WORLD,
+                                &g.win) == MPI_SUCCESS;
+        if (ok) {
+            MPI_Win_set_errhandler(g.win, MPI_ERRORS_RETURN);
+            ok = MPI_Win_lock_all(MPI_MODE_NOCHECK, g.win) == MPI_SUCCESS;
         }
+        int all_ok = ok;
+        if (MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS) all_ok = 0;
+        g.remote = all_ok != 0;
+        if (!g.remote) g.win = MPI_WIN_NULL;  // left as it is: freeing may be collective
         // Every rank's counters start at zero before any rank reads them.
         MPI_Barrier(MPI_COMM_WORLD);
+        if (!g.remote && g.node == MPI_COMM_NULL) return;  // nothing to read peers with
         g.ready.store(true, std::memory_order_release);
     });
 }
@@ -170,6 +173,9 @@ void exit_guard_run() {
             if (std::uint64_t* q = g.local[static_cast<std::size_t>(j)]) {
                 for (int i = nslots - 1; i >= 0; --i)  // ended first, entered last
                     p.buf[i] = std::atomic_ref<std::uint64_t>(q[i]).load(std::memory_order_acquire);
+            } else if (!g.remote) {
+                p.ended = true;  // cannot be watched: MPI_Finalize waits for it as before
+                continue;
             } else if (p.req == MPI_REQUEST_NULL &&
                 MPI_Rget(p.buf, nslots, MPI_UINT64_T, j, 0, nslots, MPI_UINT64_T, g.win, &p.req) !=
                     MPI_SUCCESS) {
@@ -201,8 +207,10 @@ void exit_guard_run() {
     for (auto& p : peers)
         if (p.req != MPI_REQUEST_NULL) MPI_Wait(&p.req, MPI_STATUS_IGNORE);
     g.ready.store(false, std::memory_order_release);
-    MPI_Win_unlock_all(g.win);
-    MPI_Win_free(&g.win);
+    if (g.remote) {
+        MPI_Win_unlock_all(g.win);
+        MPI_Win_free(&g.win);
+    }
     if (g.node_win != MPI_WIN_NULL) MPI_Win_free(&g.node_win);
     if (g.node != MPI_COMM_NULL) MPI_Comm_free(&g.node);
 }

@@ -451,7 +451,7 @@ void mpi_fork(int n, const ForkOptions& options) {
     if (options.restarts < 0)
         detail::fail("mpiml::mpi_fork", "restarts must be >= 0, got " + std::to_string(options.restarts));
     if (n <= 1) return;
-    if (detail::launched_by_mpi_fork()) return;
+    if (detail::started_by_launcher()) return;
     auto plan = detail::plan_fork(n, options.bind_to_core);
     // The ranks write the profile; this process must not overwrite it at exit.
     detail::profile_discard();

@@ -79,4 +79,15 @@ double timeout();
 void set_check(bool on);           ///< cross-rank mismatch checks
 bool check_enabled();
 
+namespace detail {
+/// Settings that other doors read (all variables are read in config.cpp):
+/// MPIML_C10D_CHECK (the torch.distributed backend's agreement round), and
+/// whether MPIML_PROFILE asks for a profile.
+std::optional<bool> env_c10d_check();
+bool env_profile_requested();
+/// This process was started by an MPI launcher (mpirun, mpiexec, srun) or by
+/// mpi_fork (IN_MPI): mpi_fork does nothing then.
+bool started_by_launcher();
+}  // namespace detail
+
 }  // namespace mpiml

@@ -40,8 +40,6 @@ class _InPlace:
 
 IN_PLACE = _InPlace()
 
-_LAUNCHED_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
-
 
 def mpi_fork(n, bind_to_core=False, restarts=0, backoff=1.0):
     """Re-launches this Python program (same interpreter, same command line,
@@ -53,12 +51,10 @@ def mpi_fork(n, bind_to_core=False, restarts=0, backoff=1.0):
     restarts=k starts the job again after a failure, up to k times, after
     backoff seconds (doubling), with one line naming what failed; the ranks
     see restart_attempt() > 0 and resume from their last checkpoint."""
-    if n <= 1 or os.environ.get("IN_MPI"):
-        return
-    if any(v in os.environ for v in _LAUNCHED_VARS):
-        return
     if int(restarts) < 0:
         raise ValueError("mpi_fork: restarts must be >= 0, got %r" % (restarts,))
+    if n <= 1 or _core.started_by_launcher():
+        return
     orig = list(getattr(sys, "orig_argv", [sys.executable] + sys.argv))
     program = [sys.executable] + orig[1:]
     sys.stdout.flush()

@@ -329,8 +329,8 @@ public:
 
     void shutdown();
     double timeout_seconds() const { return timeout_s_; }
-    bool check_enabled() const { return check_; }
-    void set_check(bool on) { check_ = on; }
+    bool check_enabled() const { return check_.load(); }
+    void set_check(bool on) { check_.store(on); }
     MPI_Comm comm() const { return comm_; }
 
 private:
@@ -381,7 +381,7 @@ private:
     std::string group_id_;
     std::string ranks_text_;
     double timeout_s_ = 0;
-    bool check_ = true;
+    std::atomic<bool> check_{true};  // set from Python, read by the runner
 
     // Threads: one at a time holds the runner role: it runs the queue in
     // issue order, polls pending_ and completes the Works. Completing a Work
@@ -492,7 +492,7 @@ ProcessGroupMpiml::ProcessGroupMpiml(int rank, int size, double timeout_s,
     const double env = mpiml::timeout();
     if (env > 0 && (timeout_s_ <= 0 || env < timeout_s_)) timeout_s_ = env;
     check_ = g_check_default.load();
-    if (const char* v = std::getenv("MPIML_C10D_CHECK"); v && *v) check_ = std::string(v) != "0";
+    if (const auto v = mpiml::detail::env_c10d_check()) check_ = *v;
 
     threads_.emplace_back([this] { loop(/*runner=*/true); });
     watchdog_ = std::thread([this] { watchdog_loop(); });
@@ -744,7 +744,7 @@ void ProcessGroupMpiml::loop(bool runner) {
                 // The agreement round runs outside the core: mark it for the exit guard.
                 std::optional<mpiml::detail::ExitMark> mark;
                 if (e.collective && size_ > 1) mark.emplace(exit_kind(e.sig.v[0]), comm_, seq_);
-                if (e.collective && check_ && size_ > 1) verify(e);
+                if (e.collective && check_.load(std::memory_order_relaxed) && size_ > 1) verify(e);
                 req = e.run(*e.work);
             } catch (...) {
                 ep = std::current_exception();

@@ -290,10 +290,7 @@ public:
     void enter() {
         // MPIML_PROFILE starts profiling when MPI is initialized: a region
         // opened before the first collective initializes it.
-        static const bool from_env = [] {
-            const char* v = std::getenv("MPIML_PROFILE");
-            return v && *v;
-        }();
+        static const bool from_env = detail::env_profile_requested();
         if (from_env) ensure_initialized_py();
         if (profiling()) r_ = std::make_unique<Region>(name_);
     }
@@ -483,6 +480,7 @@ PYBIND11_MODULE(_core, m) {
         py::gil_scoped_release nogil;
         return detail::run_with_restarts(plan, restarts, backoff, "mpi_fork");
     });
+    m.def("started_by_launcher", [] { return detail::started_by_launcher(); });
     m.def("restart_attempt", [] { return restart_attempt(); },
           "0 on a job's first run, k on its k-th restart (MPIML_ATTEMPT)");
 }
