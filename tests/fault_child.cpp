@@ -43,6 +43,14 @@ int body(const std::string& mode, int faulty) {
         std::vector<float> v(me ? 7 : 5, 1.0f);
         mpiml::allreduce(v, mpiml::Op::sum);
     }
+    // The faulty rank passes 999 floats, the others 1000, and nobody catches:
+    // on the shared-memory path (the default on one node) every rank throws;
+    // with the path off, MPI reports the truncation.
+    if (mode == "shm_count" || mode == "shm_count_off") {
+        if (mode == "shm_count_off") mpiml::shm::set_mode(mpiml::shm::Mode::off);
+        std::vector<float> v(me ? 999 : 1000, 1.0f);
+        mpiml::allreduce(v, mpiml::Op::sum);
+    }
     if (mode == "type") {
         if (me) mpiml::mpi_sum(1.0f);
         else mpiml::mpi_sum(1.0);

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <random>
@@ -653,6 +654,193 @@ TEST(SharedBucket, BadOpForTypeNamesTheCall) {
         b.allreduce(x.size(), MPI_DOUBLE, Op::sum);
         for (double v : x) EXPECT_EQ(v, size());
     }
+}
+
+// -------------------------------------------------- mismatched arguments
+// The shared-memory path compares every rank's count, type, op and root at
+// its first barrier: a mismatch is an mpiml::Error on every rank naming each
+// rank's arguments, with or without MPIML_CHECK, on every algorithm path
+// (the MPIML_NODE_SPLIT variants), and the communicator stays usable. With the
+// path off, the same calls are left to MPI (MPI_ERR_TRUNCATE on one rank at
+// most), so there the core's check (MPIML_CHECK) is what must catch them.
+
+struct MismatchCase {
+    std::string name;
+    std::function<void()> call;
+    std::vector<std::string> pieces;  // every one in every rank's message
+    bool core_sees_it = true;         // the core's check (Kind, count, type, op, root) tells it
+};
+
+// "rank r" and "count=N" for every rank.
+std::vector<std::string> counts_named(const std::function<std::size_t(int)>& count) {
+    std::vector<std::string> v;
+    for (int r = 0; r < size(); ++r) {
+        v.push_back("rank " + std::to_string(r) + " ");
+        v.push_back("count=" + std::to_string(count(r)));
+    }
+    return v;
+}
+
+// Every rank runs f and gets mpiml::Error holding every piece; then
+// allreduces (one chunk and several) and a broadcast still work.
+void expect_mismatch(const MismatchCase& c, const std::string& mode) {
+    std::string msg;
+    try {
+        c.call();
+    } catch (const mpiml::Error& e) {
+        msg = e.what();
+    }
+    EXPECT_FALSE(msg.empty()) << c.name << " (" << mode << "): no mpiml::Error on rank " << rank();
+    if (!msg.empty())
+        for (const auto& p : c.pieces)
+            EXPECT_NE(msg.find(p), std::string::npos)
+                << c.name << " (" << mode << "): '" << p << "' missing from: " << msg;
+    for (std::size_t n : {std::size_t{1000}, shm::config().chunk / sizeof(float) * 2 + 77}) {
+        std::vector<float> v(n, 1.0f);
+        mpiml::allreduce(v, Op::sum);
+        EXPECT_EQ(v.front(), static_cast<float>(size())) << c.name << " (" << mode << ")";
+        EXPECT_EQ(v.back(), static_cast<float>(size())) << c.name << " (" << mode << ")";
+    }
+    std::vector<double> d(5000, rank() == 0 ? 2.5 : 0.0);
+    mpiml::broadcast(d, 0);
+    EXPECT_EQ(d.back(), 2.5) << c.name << " (" << mode << ")";
+}
+
+std::vector<MismatchCase> mismatch_cases() {
+    const std::size_t big = shm::config().chunk / sizeof(float) * 2 + 1001;  // several chunks
+    std::vector<MismatchCase> v;
+    for (std::size_t base : {std::size_t{1000}, big}) {
+        const auto n = [base](int r) { return base - static_cast<std::size_t>(r); };
+        const std::string tag = base == 1000 ? " small" : " large";
+        v.push_back({"allreduce count" + tag,
+                     [n] {
+                         std::vector<float> x(n(rank()), 1.0f), y(x.size());
+                         mpiml::allreduce(std::span<const float>(x), std::span<float>(y), Op::sum);
+                     },
+                     counts_named(n)});
+        v.push_back({"allreduce in place count" + tag,
+                     [n] {
+                         std::vector<float> x(n(rank()), 1.0f);
+                         mpiml::allreduce(x, Op::sum);
+                     },
+                     counts_named(n)});
+        v.push_back({"broadcast count" + tag,
+                     [n] {
+                         std::vector<float> x(n(rank()), 1.0f);
+                         mpiml::broadcast(x, 0);
+                     },
+                     counts_named(n)});
+        v.push_back({"bucket count" + tag,
+                     [base, n] {
+                         mpiml::SharedBucket b(base * sizeof(float));
+                         b.allreduce<float>(n(rank()), Op::sum);
+                     },
+                     counts_named(n)});
+    }
+    const auto zero = [](int r) { return r == 0 ? std::size_t{0} : std::size_t{1000}; };
+    v.push_back({"allreduce count 0",
+                 [zero] {
+                     std::vector<float> x(zero(rank()), 1.0f);
+                     mpiml::allreduce(x, Op::sum);
+                 },
+                 {"rank 0 ", "count=0", "count=1000"}});
+    v.push_back({"broadcast count 0",
+                 [zero] {
+                     std::vector<float> x(zero(rank()), 1.0f);
+                     mpiml::broadcast(x, 1);
+                 },
+                 {"rank 0 ", "count=0", "count=1000"}});
+    v.push_back({"bucket count 0",
+                 [zero] {
+                     mpiml::SharedBucket b(4000);
+                     b.allreduce<float>(zero(rank()), Op::sum);
+                 },
+                 {"rank 0 ", "count=0", "count=1000"}});
+    v.push_back({"allreduce type",
+                 [] {
+                     if (rank() == 0) {
+                         std::vector<float> x(1000, 1.0f);
+                         mpiml::allreduce(x, Op::sum);
+                     } else {
+                         std::vector<double> x(1000, 1.0);
+                         mpiml::allreduce(x, Op::sum);
+                     }
+                 },
+                 {"rank 0 ", "type=float", "type=double"}});
+    v.push_back({"allreduce op",
+                 [] {
+                     std::vector<float> x(1000, 1.0f);
+                     mpiml::allreduce(x, rank() == 0 ? Op::sum : Op::max);
+                 },
+                 {"rank 0 ", "op=sum", "op=max"}});
+    v.push_back({"broadcast root",
+                 [] {
+                     std::vector<double> x(5000, 1.0);
+                     mpiml::broadcast(x, rank() == 1 ? 1 : 0);
+                 },
+                 {"rank 1 ", "root=0", "root=1"}});
+    v.push_back({"bucket type",
+                 [] {
+                     mpiml::SharedBucket b(8000);
+                     if (rank() == 0) b.allreduce<float>(1000, Op::sum);
+                     else b.allreduce<double>(1000, Op::sum);
+                 },
+                 {"rank 0 ", "type=float", "type=double"}});
+    v.push_back({"bucket op",
+                 [] {
+                     mpiml::SharedBucket b(8000);
+                     b.allreduce<double>(1000, rank() == 0 ? Op::sum : Op::min);
+                 },
+                 {"rank 0 ", "op=sum", "op=min"}});
+    v.push_back({"bucket average",
+                 [] {
+                     mpiml::SharedBucket b(8000);
+                     if (rank() == 0) b.average<double>(1000);
+                     else b.allreduce<double>(1000, Op::sum);
+                 },
+                 {"rank 0 ", "SharedBucket::average", "SharedBucket::allreduce"},
+                 false});
+    v.push_back({"allreduce and broadcast",
+                 [] {
+                     std::vector<float> x(2000, 1.0f);
+                     if (rank() == 0) mpiml::allreduce(x, Op::sum);
+                     else mpiml::broadcast(x, 0);
+                 },
+                 {"rank 0 ", "allreduce", "broadcast"}});
+    return v;
+}
+
+TEST(ShmMismatch, EveryRankThrowsNamingTheRanks) {
+    if (size() < 2) GTEST_SKIP() << "needs 2 ranks";
+    const bool check = mpiml::check_enabled();
+    for (const auto& c : mismatch_cases()) {
+        ForceShm on;
+        mpiml::set_check(false);
+        expect_mismatch(c, "shm on");
+        mpiml::set_check(true);
+        expect_mismatch(c, "shm on, MPIML_CHECK");
+        if (c.core_sees_it) {
+            ForceShm off(shm::Mode::off);
+            expect_mismatch(c, "shm off, MPIML_CHECK");
+        }
+        mpiml::set_check(check);
+    }
+}
+
+// The case of the report: 1000 and 999 floats in the default mode.
+TEST(ShmMismatch, DefaultModeCatchesThe999) {
+    if (size() < 2) GTEST_SKIP() << "needs 2 ranks";
+    if (!shm::takes_shared_path(999 * sizeof(float))) GTEST_SKIP() << "left to MPI here";
+    const bool check = mpiml::check_enabled();  // on by default in Debug builds
+    mpiml::set_check(false);
+    expect_mismatch({"1000 and 999",
+                     [] {
+                         std::vector<float> x(rank() == 0 ? 1000 : 999, 1.0f);
+                         mpiml::allreduce(x, Op::sum);
+                     },
+                     {"mpiml::allreduce", "rank 0 passed count=1000", "count=999"}},
+                    "auto");
+    mpiml::set_check(check);
 }
 
 // A small data-parallel training loop (linear regression, SGD), gradients

@@ -15,6 +15,10 @@
 // Reductions run in a fixed order (node rank order, then node order), so every
 // rank gets bit-identical results, run after run.
 //
+// Mismatched calls (count, type, op, root, SharedBucket::average vs allreduce)
+// are an mpiml::Error on every rank, always: each rank's arguments travel with
+// its arrival at the first barrier (across nodes, one small MPI agreement).
+//
 // Environment (read once, at the first use):
 //   MPIML_SHM=auto|on|off          auto (default): by size; on: always; off: never
 //   MPIML_SHM_THRESHOLD=bytes      auto: allreduce of at least this many bytes (0)

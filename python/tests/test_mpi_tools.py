@@ -1,5 +1,7 @@
 """mpiml.mpi_tools against the seed's behaviour (seed_ref, on mpi4py), under
 mpirun at 1, 2 and 3 ranks. Each documented difference is asserted as one."""
+import os
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -82,6 +84,28 @@ def test_uneven_lengths_across_ranks_fail_on_check_not_hang():
             mt.mpi_sum(np.zeros(3 + RANK, np.float32))
     finally:
         mpiml.set_check(False)
+
+
+@pytest.mark.skipif(
+    os.environ.get("MPIML_SHM") == "off" or "MPIML_NODE_SPLIT" in os.environ,
+    reason="the shared-memory path is off or spans simulated nodes (4 KB stays with MPI)")
+def test_uneven_lengths_on_the_shared_memory_path_fail_on_every_rank():
+    # default settings, one node: the shared-memory path compares every rank's
+    # count after its first barrier, without MPIML_CHECK; every rank raises
+    if SIZE == 1:
+        return
+    counts = [1000 - r for r in range(SIZE)]
+    named = ["rank %d " % r for r in range(SIZE)] + ["count=%d" % n for n in counts]
+    x = np.ones(counts[RANK], np.float32)
+    for call in (lambda: mt.mpi_sum(x),
+                 lambda: mt.allreduce(x, np.empty_like(x)),
+                 lambda: mt.allreduce(mpiml.IN_PLACE, x)):
+        with pytest.raises(mpiml.ArgumentError, match="mismatched calls") as e:
+            call()
+        for piece in named:
+            assert piece in str(e.value)
+        assert e.value.rank == RANK
+        np.testing.assert_array_equal(mt.mpi_sum(np.ones(1000, np.float32)), SIZE)  # in step
 
 
 def test_allreduce_call_shapes():

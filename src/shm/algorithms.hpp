@@ -26,13 +26,14 @@ void node_round(ShmContext& c, const char* const* in, char* const* res, char* ou
 void push_round(ShmContext& c, const char* const* in, char* const* out, std::size_t m,
                 const Kernel& k, int divide_by);
 /// allreduce_node.cpp: count elements of send into recv (send may be recv);
-/// hands nodes of one size to run_allreduce_peers.
+/// hands nodes of one size to run_allreduce_peers. Each run_* takes its
+/// first barrier through checked_barrier with sig.
 void run_allreduce(ShmContext& c, const char* send, char* recv, std::size_t count,
-                   const Kernel& k, const char* call);
+                   const Kernel& k, const Signature& sig, const char* call);
 
 /// allreduce_peers.cpp: the hierarchical allreduce with nodes of one size.
 void run_allreduce_peers(ShmContext& c, const char* send, char* recv, std::size_t count,
-                         const Kernel& k, const char* call);
+                         const Kernel& k, const Signature& sig, const char* call);
 /// Deterministic allreduce of m elements of buf across the nodes over group
 /// (rank me, in node order), divided by divide_by when it is > 1.
 void group_allreduce(ShmContext& c, MPI_Comm group, int me, char* buf, std::size_t m,
@@ -44,7 +45,8 @@ void pair_allreduce(ShmContext& c, char* buf, std::size_t m, const Kernel& k, in
 void leader_allreduce(ShmContext& c, char* buf, std::size_t m, const Kernel& k, int divide_by,
                       const char* call);
 
-/// broadcast.cpp: bytes bytes of buf from comm rank root.
-void run_broadcast(ShmContext& c, char* buf, std::size_t bytes, int root, const char* call);
+/// broadcast.cpp: bytes bytes of buf from comm rank sig.root.
+void run_broadcast(ShmContext& c, char* buf, std::size_t bytes, const Signature& sig,
+                   const char* call);
 
 }  // namespace mpiml::detail

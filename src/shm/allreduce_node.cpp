@@ -78,12 +78,12 @@ void push_round(ShmContext& c, const char* const* in, char* const* out, std::siz
 }
 
 void run_allreduce(ShmContext& c, const char* send, char* recv, std::size_t count,
-                   const Kernel& k, const char* call) {
+                   const Kernel& k, const Signature& sig, const char* call) {
     const std::size_t ts = k.tsize;
     const std::size_t per = c.chunk / ts;
     const int p = c.node_size, me = c.node_rank;
     const bool hier = c.num_nodes > 1;
-    if (hier && c.peers != MPI_COMM_NULL) return run_allreduce_peers(c, send, recv, count, k, call);
+    if (hier && c.peers != MPI_COMM_NULL) return run_allreduce_peers(c, send, recv, count, k, sig, call);
     static thread_local std::vector<const char*> in;  // no allocation per call
     static thread_local std::vector<char*> res;
     in.resize(static_cast<std::size_t>(p));
@@ -97,7 +97,8 @@ void run_allreduce(ShmContext& c, const char* send, char* recv, std::size_t coun
         char* mine = c.set(me);
         for (int q = 0; q < p; ++q)
             if (q != me) std::memcpy(mine + sl.off(q) * ts, s + sl.off(q) * ts, sl.len(q) * ts);
-        c.barrier();
+        if (done == 0) checked_barrier(c, sig, call);
+        else c.barrier();
         for (int q = 0; q < p; ++q) {
             in[q] = q == me ? s : c.set(q);  // this rank's own slice straight from send
             res[q] = c.set(q);

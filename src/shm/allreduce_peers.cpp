@@ -112,7 +112,7 @@ void leader_allreduce(ShmContext& c, char* buf, std::size_t m, const Kernel& k, 
 // With 2 nodes D exchanges are in flight while the node works; with more,
 // each exchange is a blocking reduce-scatter + allgather (D = 1).
 void run_allreduce_peers(ShmContext& c, const char* send, char* recv, std::size_t count,
-                         const Kernel& k, const char* call) {
+                         const Kernel& k, const Signature& sig, const char* call) {
     const std::size_t ts = k.tsize;
     const std::size_t per = c.chunk / ts;
     const int p = c.node_size, me = c.node_rank;
@@ -156,7 +156,8 @@ void run_allreduce_peers(ShmContext& c, const char* send, char* recv, std::size_
                 std::memcpy(shared, e.out, e.len * ts);
             }
         }
-        c.barrier();
+        if (t == 0) checked_barrier(c, sig, call);
+        else c.barrier();
         if (reduce) {
             const std::size_t o = sl.off(me) * ts, len = sl.len(me);
             for (int q = 0; q < p; ++q) in[q] = q == me ? s + o : c.set(q) + o;

@@ -8,7 +8,9 @@
 
 namespace mpiml::detail {
 
-void run_broadcast(ShmContext& c, char* buf, std::size_t bytes, int root, const char* call) {
+void run_broadcast(ShmContext& c, char* buf, std::size_t bytes, const Signature& sig,
+                   const char* call) {
+    const int root = sig.root;
     const bool hier = c.num_nodes > 1;
     const bool root_here = c.leader_of[root] == c.leader_of[c.rank];
     const int src_rank = root_here ? c.node_rank_of[root] : 0;
@@ -20,7 +22,8 @@ void run_broadcast(ShmContext& c, char* buf, std::size_t bytes, int root, const 
         ++c.round;
         char* src = c.set(src_rank);
         if (c.rank == root) std::memcpy(src, b, m);
-        c.barrier();
+        if (done == 0) checked_barrier(c, sig, call);
+        else c.barrier();
         if (hier) {
             if (c.leader_rank >= 0)
                 check_mpi(MPI_Bcast(src, static_cast<int>(m), MPI_BYTE, c.leader_of[root],

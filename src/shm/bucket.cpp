@@ -138,7 +138,17 @@ void SharedBucket::reduce(std::size_t count, MPI_Datatype type, const ReduceOp& 
         return;
     }
     CollectiveScope scope({Kind::allreduce, call, count, type, static_cast<int>(*op.known()), -1, comm_});
-    if (count == 0) return;
+    Signature sig;
+    sig.count = count;
+    sig.bytes = count * ts;
+    sig.kind = average ? Signature::bucket_average : Signature::bucket_allreduce;
+    sig.op = static_cast<std::uint8_t>(*op.known());
+    sig.type = static_cast<std::uint16_t>(k.type_id);
+    ++c.round;  // as every shared-memory collective (checked_barrier)
+    if (count == 0) {  // still compared: a peer may have passed more
+        checked_barrier(c, sig, call);
+        return;
+    }
     // One round in place: every rank's bucket is both its input and where
     // the reduced slices land (algorithms.hpp: push_round, node_round).
     const int p = c.node_size;
@@ -150,7 +160,7 @@ void SharedBucket::reduce(std::size_t count, MPI_Datatype type, const ReduceOp& 
         in[q] = static_cast<const char*>(peers_[q]);
         res[q] = q == c.node_rank ? static_cast<char*>(data_) : static_cast<char*>(peers_[q]);
     }
-    c.barrier();  // every rank's bucket is ready
+    checked_barrier(c, sig, call);  // every rank's bucket is ready, and alike
     if (c.num_nodes == 1) {
         push_round(c, in.data(), res.data(), count, k, average ? c.size : 0);
         c.barrier();  // every slice is in every bucket

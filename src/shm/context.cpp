@@ -3,6 +3,7 @@
 #include "context.hpp"
 
 #include "algorithms.hpp"
+#include "../agreement.hpp"
 #include "../config.hpp"
 #include "../shm.hpp"
 #include "../state.hpp"
@@ -101,6 +102,7 @@ namespace {
 std::shared_ptr<ShmContext> create_context(MPI_Comm comm, const char* call) {
     const auto& cfg = config_ref();
     auto c = std::make_shared<ShmContext>();
+    c->comm = comm;
     check_mpi(MPI_Comm_rank(comm, &c->rank), call);
     check_mpi(MPI_Comm_size(comm, &c->size), call);
     MPI_Comm shared = MPI_COMM_NULL;
@@ -235,6 +237,71 @@ bool may_share(std::size_t bytes, std::size_t threshold) {
 
 }  // namespace
 
+// ----------------------------------------------------- argument agreement
+
+namespace {
+
+std::string describe(const Signature& s) {
+    const TypeInfo* t = type_by_id(s.type);
+    std::string d = "count=" + std::to_string(s.count) + ", type=" + (t ? t->name : "MPI datatype");
+    if (s.kind == Signature::broadcast) d += ", root=" + std::to_string(s.root);
+    else if (s.op < 10) d += std::string(", op=") + op_name(static_cast<Op>(s.op));
+    switch (s.kind) {
+        case Signature::allreduce: return d + " (allreduce)";
+        case Signature::broadcast: return d + " (broadcast)";
+        case Signature::bucket_allreduce: return d + " (SharedBucket::allreduce)";
+        case Signature::bucket_average: return d + " (SharedBucket::average)";
+    }
+    return d;
+}
+
+[[noreturn]] void mismatch(const std::vector<Signature>& by_rank, const char* call) {
+    std::vector<std::string> said(by_rank.size());
+    for (std::size_t r = 0; r < by_rank.size(); ++r) said[r] = describe(by_rank[r]);
+    fail(call, "mismatched calls (shared-memory path): " + group_ranks(said, 0, "passed", "passed"));
+}
+
+// A mismatch on a single node: every signature is in the flag lines.
+[[noreturn, gnu::noinline, gnu::cold]] void node_mismatch(ShmContext& c, const Signature& mine,
+                                                         const char* call) {
+    std::vector<Signature> by_rank(static_cast<std::size_t>(c.size));
+    for (int r = 0; r < c.size; ++r) {
+        const int q = c.node_rank_of[r];
+        by_rank[r] = q == c.node_rank ? mine : *c.signature(q, c.epoch);
+    }
+    mismatch(by_rank, call);
+}
+
+// Several nodes: node_same says whether this node's ranks agree; one small
+// reduction over the peers (nodes of one size) or the communicator (leader
+// path) tells whether the nodes do. Every rank of the communicator reaches
+// the same verdict: a node that disagrees within marks every peer group.
+[[gnu::noinline]] void nodes_check(ShmContext& c, const Signature& s, bool node_same,
+                                   const char* call) {
+    const bool bcast = s.kind == Signature::broadcast;
+    const std::int64_t w[7] = {static_cast<std::int64_t>(bcast ? 0 : s.count),
+                               static_cast<std::int64_t>(s.bytes), s.kind, s.op,
+                               bcast ? 0 : s.type, s.root, node_same ? 0 : 1};
+    const MPI_Comm group = c.peers != MPI_COMM_NULL ? c.peers : c.comm;
+    if (agree(w, 7, group, call) && node_same) return;
+    std::vector<Signature> by_rank(static_cast<std::size_t>(c.size));
+    check_mpi(MPI_Allgather(&s, sizeof s, MPI_BYTE, by_rank.data(), sizeof s, MPI_BYTE, c.comm),
+              call);
+    mismatch(by_rank, call);
+}
+
+}  // namespace
+
+void checked_barrier(ShmContext& c, const Signature& sig, const char* call) {
+    *c.signature(c.node_rank, c.epoch + 1) = sig;
+    c.barrier();
+    bool same = true;
+    for (int q = 0; q < c.node_size; ++q)
+        if (q != c.node_rank) same = same && same_call(*c.signature(q, c.epoch), sig);
+    if (c.num_nodes > 1) return nodes_check(c, sig, same, call);
+    if (!same) [[unlikely]] node_mismatch(c, sig, call);
+}
+
 // ------------------------------------------------------------ path decision
 
 // The one path decision: the context of comm when a collective of bytes
@@ -258,9 +325,20 @@ bool shm_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype
     if (!k.combine) return false;
     ShmContext* c = shared_context_for(bytes, threshold, comm, call);
     if (!c) return false;
-    if (count == 0) return true;
+    Signature sig;
+    sig.count = count;
+    sig.bytes = bytes;
+    sig.kind = Signature::allreduce;
+    sig.op = static_cast<std::uint8_t>(*op.known());
+    sig.type = static_cast<std::uint16_t>(k.type_id);
+    if (count == 0) {  // still compared: a peer may have passed more
+        ++c->round;
+        checked_barrier(*c, sig, call);
+        return true;
+    }
     if (send == MPI_IN_PLACE) send = recv;
-    run_allreduce(*c, static_cast<const char*>(send), static_cast<char*>(recv), count, k, call);
+    run_allreduce(*c, static_cast<const char*>(send), static_cast<char*>(recv), count, k, sig,
+                  call);
     return true;
 }
 
@@ -274,8 +352,19 @@ bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, i
     if (lb != 0 || extent != tsize) return false;  // not contiguous bytes
     ShmContext* c = shared_context_for(bytes, threshold, comm, call);
     if (!c) return false;
-    if (bytes == 0) return true;
-    run_broadcast(*c, static_cast<char*>(buf), bytes, root, call);
+    Signature sig;
+    sig.count = count;
+    sig.bytes = bytes;
+    sig.kind = Signature::broadcast;
+    const TypeInfo* t = find_type(type);
+    if (t) sig.type = static_cast<std::uint16_t>(t->id);
+    sig.root = root;
+    if (bytes == 0) {  // still compared: a peer may have passed more
+        ++c->round;
+        checked_barrier(*c, sig, call);
+        return true;
+    }
+    run_broadcast(*c, static_cast<char*>(buf), bytes, sig, call);
     return true;
 }
 

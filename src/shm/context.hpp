@@ -34,7 +34,30 @@ namespace mpiml::detail {
 constexpr int kPeerDepth = 4;         // exchanges in flight at once across 2 nodes
 constexpr std::size_t kHeader = 128;  // flag line (+ the adjacent line)
 
+/// What a rank passed to a shared-memory collective. Published in its flag
+/// line before the collective's first barrier and compared after it
+/// (checked_barrier): a mismatch throws on every rank before any rank reads
+/// a peer's data.
+struct Signature {
+    enum Kind : std::uint8_t { allreduce = 1, broadcast, bucket_allreduce, bucket_average };
+    std::uint64_t count = 0;
+    std::uint64_t bytes = 0;
+    std::uint8_t kind = 0;
+    std::uint8_t op = 0xff;        // mpiml::Op; 0xff for broadcast
+    std::uint16_t type = 0xffff;   // registry id; 0xffff when not in the registry
+    std::int32_t root = -1;
+};
+static_assert(sizeof(Signature) == 24);
+
+/// Whether two ranks' calls fit together: the same kind, bytes and root, and
+/// for reductions the same count, type and op (a broadcast moves bytes).
+inline bool same_call(const Signature& a, const Signature& b) {
+    if (a.kind != b.kind || a.bytes != b.bytes || a.root != b.root) return false;
+    return a.kind == Signature::broadcast || (a.count == b.count && a.type == b.type && a.op == b.op);
+}
+
 struct ShmContext {
+    MPI_Comm comm = MPI_COMM_NULL;     // the user's communicator (not owned)
     MPI_Comm node = MPI_COMM_NULL;     // ranks of comm sharing memory (owned)
     MPI_Comm leaders = MPI_COMM_NULL;  // node rank 0 of every node (owned; null elsewhere)
     MPI_Comm peers = MPI_COMM_NULL;    // same node rank on every node, in node order (owned;
@@ -56,6 +79,13 @@ struct ShmContext {
     bool alive = false;
 
     char* set(int q) const { return data[q] + (round % 2) * chunk; }
+
+    // Node rank q's signature for the barrier that takes epoch to e: two
+    // slots after the flag and waiter words, by parity, so that a rank one
+    // barrier ahead never overwrites the one a peer is still reading.
+    Signature* signature(int q, std::uint64_t e) const {
+        return reinterpret_cast<Signature*>(reinterpret_cast<char*>(flag[q]) + 16) + (e & 1);
+    }
 
     // Flags in shared memory: a seq_cst store on arrival, acquire on every
     // peer. A waiter spins (long when every rank has a core of its own,
@@ -136,6 +166,14 @@ struct ShmContext {
         if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
     }
 };
+
+/// The first barrier of every shared-memory collective (context.cpp). Every
+/// collective increments c.round exactly once before it, so that ranks that
+/// throw here leave with the same round and epoch. Publishes sig, waits for
+/// the node, and compares every node rank's signature (and, with several
+/// nodes, every node's, over MPI); on a mismatch every rank of the
+/// communicator throws mpiml::Error naming what each rank passed.
+void checked_barrier(ShmContext& c, const Signature& sig, const char* call);
 
 /// The settings in force (src/config.cpp, then shm::set_mode).
 shm::Config& config_ref();

@@ -179,6 +179,7 @@ Kernel resolve(MPI_Datatype t, Op op) {
     int size = 0;
     if (!k.combine || MPI_Type_size(t, &size) != MPI_SUCCESS || static_cast<std::size_t>(size) != k.tsize)
         return {};
+    k.type_id = e->id;
     return k;
 }
 

@@ -38,6 +38,7 @@ struct Kernel {
     CombineFn combine = nullptr;
     DivideFn divide = nullptr;  // floating and complex types only
     std::size_t tsize = 0;
+    int type_id = -1;  // the datatype's registry id (src/types.hpp)
 };
 
 // The kernel for a built-in datatype and op; combine == nullptr when unsupported
