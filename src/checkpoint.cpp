@@ -13,6 +13,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -417,12 +421,6 @@ std::optional<std::pair<int, Failure>> first_failure(const std::optional<Failure
     return std::pair{first, decode(s)};
 }
 
-void warn(const std::string& line) {
-    const std::string text = "[mpiml] warning: " + line + "\n";
-    std::fwrite(text.data(), 1, text.size(), stderr);
-    std::fflush(stderr);
-}
-
 /// Steps present in dir (complete directories), ascending.
 std::vector<std::int64_t> list_steps(const fs::path& dir) {
     std::vector<std::int64_t> out;
@@ -440,10 +438,84 @@ std::vector<std::int64_t> list_steps(const fs::path& dir) {
     return out;
 }
 
+void warn(const std::string& line) {
+    const std::string text = "[mpiml] warning: " + line + "\n";
+    std::fwrite(text.data(), 1, text.size(), stderr);
+    std::fflush(stderr);
+}
+
 void remove_tree(const fs::path& p) {
     std::error_code ec;
     fs::remove_all(p, ec);
     if (ec) io_fail("cannot remove", p, ec.value());
+}
+
+/// Removes old checkpoints in the background once they are renamed out of
+/// the way (deleting 300 MB takes a good part of the time of writing it).
+/// A save waits for the previous removals first; so does the process at exit.
+class Janitor {
+public:
+    void remove_later(fs::path p) {
+        std::lock_guard lock(m_);
+        if (!thread_) {
+            owner_ = ::getpid();
+            thread_ = new std::thread([this] { run(); });
+        }
+        queue_.push_back(std::move(p));
+        cv_.notify_all();
+    }
+    void wait() {
+        std::unique_lock lock(m_);
+        cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    }
+    ~Janitor() {
+        if (!thread_ || owner_ != ::getpid()) return;  // a forked child has no thread
+        {
+            std::lock_guard lock(m_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        thread_->join();
+        delete thread_;
+    }
+
+private:
+    void run() {
+        std::unique_lock lock(m_);
+        for (;;) {
+            cv_.wait(lock, [&] { return !queue_.empty() || stop_; });
+            if (queue_.empty()) return;
+            const fs::path p = std::move(queue_.front());
+            queue_.pop_front();
+            busy_ = true;
+            lock.unlock();
+            std::error_code ec;
+            fs::remove_all(p, ec);
+            if (ec && ec.value() != ENOENT)
+                warn("mpiml::Checkpointer: cannot remove " + p.string() + ": " + errno_text(ec.value()));
+            lock.lock();
+            busy_ = false;
+            cv_.notify_all();
+        }
+    }
+    std::mutex m_;
+    std::condition_variable cv_;
+    std::deque<fs::path> queue_;
+    bool busy_ = false, stop_ = false;
+    std::thread* thread_ = nullptr;
+    pid_t owner_ = 0;
+};
+
+Janitor& janitor() {
+    static Janitor j;
+    return j;
+}
+
+/// Renames dir p aside (a hidden name that loads ignore and the next save
+/// clears), then removes it in the background.
+void discard(const fs::path& p, const fs::path& hidden) {
+    if (::rename(p.c_str(), hidden.c_str()) != 0) io_fail("cannot move aside", p, errno);
+    janitor().remove_later(hidden);
 }
 
 }  // namespace
@@ -459,6 +531,16 @@ Checkpointer::Checkpointer(fs::path dir, CheckpointOptions options)
 }
 
 fs::path Checkpointer::step_path(std::int64_t step) const { return dir_ / step_name(step); }
+
+fs::path Checkpointer::hidden(std::int64_t step, const char* what) const {
+    std::string name = ".";  // appends: GCC 12 warns (-Wrestrict) on "." + std::string
+    name += step_name(step);
+    name += '.';
+    name += what;
+    name += '-';
+    name += std::to_string(::getpid());
+    return dir_ / name;
+}
 
 std::vector<std::int64_t> Checkpointer::steps() const {
     std::error_code ec;
@@ -487,6 +569,7 @@ void Checkpointer::save(std::int64_t step, const CheckpointState& state) {
     std::string msg;
     if (rank == 0) {
         try {
+            janitor().wait();
             std::error_code ec;
             fs::create_directories(dir_, ec);
             if (ec) io_fail("cannot create directory", dir_, ec.value());
@@ -499,7 +582,7 @@ void Checkpointer::save(std::int64_t step, const CheckpointState& state) {
                     remove_tree(it->path());
             }
             if (ec) io_fail("cannot list", dir_, ec.value());
-            const fs::path tmp = dir_ / ("." + step_name(step) + ".tmp-" + std::to_string(::getpid()));
+            const fs::path tmp = hidden(step, "tmp");
             if (::mkdir(tmp.c_str(), 0755) != 0) io_fail("cannot create directory", tmp, errno);
             msg = "+" + tmp.string();
         } catch (const FailureError& e) {
@@ -574,17 +657,15 @@ void Checkpointer::save(std::int64_t step, const CheckpointState& state) {
             w.finish();
             fsync_dir(tmp);
             std::error_code ec;
-            fs::path old;
-            if (fs::exists(final_dir, ec)) {
-                old = dir_ / ("." + step_name(step) + ".old-" + std::to_string(::getpid()));
-                if (::rename(final_dir.c_str(), old.c_str()) != 0)
-                    io_fail("cannot move the previous checkpoint aside:", final_dir, errno);
-            }
+            const fs::path old = hidden(step, "old");
+            const bool replacing = fs::exists(final_dir, ec);
+            if (replacing && ::rename(final_dir.c_str(), old.c_str()) != 0)
+                io_fail("cannot move the previous checkpoint aside:", final_dir, errno);
             if (::rename(tmp.c_str(), final_dir.c_str()) != 0)
                 io_fail("cannot rename " + tmp.string() + " to", final_dir, errno);
             renamed = true;
             fsync_dir(dir_);
-            if (!old.empty()) remove_tree(old);
+            if (replacing) janitor().remove_later(old);
         } catch (const FailureError& e) {
             if (!renamed) {
                 result = encode(e.f);
@@ -600,7 +681,8 @@ void Checkpointer::save(std::int64_t step, const CheckpointState& state) {
                 std::erase(steps, step);
                 const std::size_t others = static_cast<std::size_t>(options_.keep - 1);
                 if (steps.size() > others)
-                    for (std::size_t i = 0; i < steps.size() - others; ++i) remove_tree(step_path(steps[i]));
+                    for (std::size_t i = 0; i < steps.size() - others; ++i)
+                        discard(step_path(steps[i]), hidden(steps[i], "old"));
             } catch (const FailureError& e) {
                 warnings.push_back("pruning old checkpoints: " + e.f.what);
             }

@@ -40,7 +40,8 @@ public:
     }
     ~Dir() {
         mpiml::barrier();
-        if (rank() == 0) fs::remove_all(path_);
+        std::error_code ec;  // old checkpoints may still be going in the background
+        if (rank() == 0) fs::remove_all(path_, ec);
     }
     const fs::path& path() const { return path_; }
     fs::path operator/(const std::string& s) const { return path_ / s; }
@@ -105,10 +106,14 @@ mpiml::CheckpointError expect_checkpoint_error(F f, const std::vector<std::strin
     return mpiml::CheckpointError("", "");
 }
 
+/// Temporary directories of saves (discarded checkpoints, ".old-", may still
+/// be being removed in the background).
 std::vector<std::string> leftovers(const fs::path& dir) {
     std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(dir))
-        if (e.path().filename().string().rfind(".step-", 0) == 0) out.push_back(e.path().filename());
+    for (const auto& e : fs::directory_iterator(dir)) {
+        const std::string n = e.path().filename();
+        if (n.rfind(".step-", 0) == 0 && n.find(".tmp-") != std::string::npos) out.push_back(n);
+    }
     return out;
 }
 

@@ -156,7 +156,9 @@ struct CheckpointState {
 
 struct CheckpointOptions {
     /// Checkpoints kept after a save: the one just saved and the newest others
-    /// by step (0: keep all). Older ones are removed once the new one is in place.
+    /// by step (0: keep all). Older ones are renamed out of the way once the
+    /// new one is in place, then deleted in the background (the next save, and
+    /// the process at exit, wait for that).
     int keep = 3;
     /// The ranks that save and load together (default: the session's).
     Comm comm = {};
@@ -207,6 +209,8 @@ public:
     std::filesystem::path step_path(std::int64_t step) const;
 
 private:
+    /// dir/.step-00000012.<what>-<pid>: a temporary or discarded checkpoint.
+    std::filesystem::path hidden(std::int64_t step, const char* what) const;
     std::optional<CheckpointInfo> load_impl(std::optional<std::int64_t> only, CheckpointState& state,
                                             const char* call);
     std::filesystem::path dir_;
