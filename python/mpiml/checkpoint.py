@@ -121,11 +121,13 @@ def _entries(values, which):
 
 def save_checkpoint(dir, step, shared=None, per_rank=None, keep=3, metadata=None, comm=None):
     """Saves checkpoint `step` (an int >= 0, the same on every rank) under
-    dir/step-<step>/, collectively: rank 0 writes `shared` once, every rank
-    its `per_rank`; returns when the checkpoint is durable, then removes all
-    but the newest `keep` (0: keep all). metadata: str -> str, written to the
-    MANIFEST. Raises CheckpointError on every rank when any rank's write
-    fails (full disk, unwritable directory); the previous checkpoints stay."""
+    dir/step-<step>/, collectively: rank 0 writes `shared` once (other ranks'
+    is not read: they may pass None, e.g. for a ZeroRedundancyOptimizer state
+    consolidated on rank 0), every rank its `per_rank`; returns when the
+    checkpoint is durable, after removing all but the newest `keep` (0: keep
+    all). metadata: str -> str, written to the MANIFEST (rank 0's). Raises
+    CheckpointError on every rank when any rank's write fails (full disk,
+    unwritable directory); the previous checkpoints stay."""
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
         raise ArgumentError("save_checkpoint: step must be an int, got %s" % type(step).__name__)
     if isinstance(keep, bool) or not isinstance(keep, (int, np.integer)) or keep < 0:
@@ -135,7 +137,8 @@ def save_checkpoint(dir, step, shared=None, per_rank=None, keep=3, metadata=None
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                              for k, v in meta.items()):
         error = "metadata must be a dict of str -> str"
-    s, err_s = _entries(shared, "shared")
+    # Only rank 0's shared state is written: other ranks skip encoding theirs.
+    s, err_s = _entries(shared, "shared") if _core.proc_id(comm) == 0 else ([], "")
     p, err_p = _entries(per_rank, "per_rank")
     error = error or err_s or err_p
     _core.checkpoint_save(str(dir), int(step), s, p, meta if not error else {}, int(keep), comm, error)
