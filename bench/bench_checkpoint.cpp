@@ -2,11 +2,14 @@
 // the same run, interleaved (the order rotates each round); medians over
 // rounds. The state: ResNet-50-sized parameters with Adam's two moments
 // (25.6M float32 each, 307 MB), as shared state (rank 0 writes it).
-//   save       Checkpointer::save of state already in a StateMap (keep=1:
-//              the previous checkpoint is removed inside the save)
-//   put+save   the same, counting the copies into the StateMap
+//   save       Checkpointer::save of the bytes as views (put_view; keep=1:
+//              the previous checkpoint is renamed aside and deleted in the
+//              background, which the next save waits for)
+//   put+save   the same, counting the copies into a StateMap kept from one
+//              save to the next (its buffers are reused)
+//   put+save (fresh)  the same into a new StateMap each time (new memory)
 //   torch      the same tensors through the LibTorch codec (torch::save into
-//              memory), then save [with mpiml::torch]
+//              the kept StateMap's memory), then save [with mpiml::torch]
 //   plain      rank 0: open, one write() of the 307 MB, fsync, close
 //
 //   mpirun -np 1 bench_checkpoint [--dir=/tmp/mpiml_bench_ckpt] [--params=25600000]
@@ -98,7 +101,7 @@ int main(int argc, char** argv) {
 
     mpiml::Checkpointer ck(fs::path(dir) / "ckpt", {.keep = 1});
     mpiml::CheckpointState ready;
-    for (int i = 0; i < 3; ++i) ready.shared.put_bytes(names[i], parts[i]);
+    for (int i = 0; i < 3; ++i) ready.shared.put_view(names[i], parts[i]);
     ready.per_rank.put("rank", rank);
     std::int64_t step = 0;
 
@@ -112,7 +115,13 @@ int main(int argc, char** argv) {
                       if (rank == 0) plain_write(fs::path(dir) / "plain.bin", parts);
                   }, {}});
     vs.push_back({"save", [&] { ck.save(++step, ready); }, {}});
+    mpiml::CheckpointState kept;
     vs.push_back({"put+save", [&] {
+                      for (int i = 0; i < 3; ++i) kept.shared.put_bytes(names[i], parts[i]);
+                      kept.per_rank.put("rank", rank);
+                      ck.save(++step, kept);
+                  }, {}});
+    vs.push_back({"put+save (fresh)", [&] {
                       mpiml::CheckpointState st;
                       for (int i = 0; i < 3; ++i) st.shared.put_bytes(names[i], parts[i]);
                       st.per_rank.put("rank", rank);
@@ -122,11 +131,12 @@ int main(int argc, char** argv) {
     std::vector<torch::Tensor> tensors;
     for (auto& s : parts)
         tensors.push_back(torch::from_blob(s.data(), {params}, torch::kFloat32));
+    mpiml::CheckpointState kept_torch;
     vs.push_back({"torch", [&] {
-                      mpiml::CheckpointState st;
-                      for (int i = 0; i < 3; ++i) st.shared.put(names[i], tensors[static_cast<std::size_t>(i)]);
-                      st.per_rank.put("rank", rank);
-                      ck.save(++step, st);
+                      for (int i = 0; i < 3; ++i)
+                          kept_torch.shared.put(names[i], tensors[static_cast<std::size_t>(i)]);
+                      kept_torch.per_rank.put("rank", rank);
+                      ck.save(++step, kept_torch);
                   }, {}});
 #endif
 
@@ -162,6 +172,7 @@ int main(int argc, char** argv) {
         std::fputs(out.c_str(), stdout);
         if (!json.empty())
             if (FILE* f = std::fopen(json.c_str(), "w")) std::fputs(out.c_str(), f), std::fclose(f);
+        mpiml::Checkpointer::wait_for_removals();
         fs::remove_all(dir);
     }
     return 0;

@@ -39,26 +39,50 @@ void checkpoint_decode_failed(std::string_view name, std::string_view kind, std:
 // ------------------------------------------------------------------ StateMap
 
 StateMap& StateMap::put(std::string_view name, const char* text) {
-    return put_raw(name, "text", text ? std::string(text) : std::string());
+    slot(name, "text").data.assign(text ? text : "");
+    return *this;
 }
 
-StateMap& StateMap::put_bytes(std::string_view name, std::string data) {
-    return put_raw(name, "bytes", std::move(data));
+StateMap& StateMap::put_bytes(std::string_view name, std::string_view data) {
+    slot(name, "bytes").data.assign(data);
+    return *this;
 }
 
 StateMap& StateMap::put_bytes(std::string_view name, std::span<const std::byte> data) {
-    return put_raw(name, "bytes",
-                   std::string(reinterpret_cast<const char*>(data.data()), data.size()));
+    slot(name, "bytes").data.assign(reinterpret_cast<const char*>(data.data()), data.size());
+    return *this;
+}
+
+StateMap& StateMap::put_bytes(std::string_view name, std::string&& data) {
+    return put_raw(name, "bytes", std::move(data));
+}
+
+StateMap& StateMap::put_view(std::string_view name, std::string_view data, std::string_view kind) {
+    Entry& e = slot(name, kind);
+    e.data = std::string();
+    e.view = data.data() ? data : std::string_view("", 0);
+    return *this;
+}
+
+StateMap& StateMap::put_view(std::string_view name, std::span<const std::byte> data,
+                             std::string_view kind) {
+    return put_view(name, std::string_view(reinterpret_cast<const char*>(data.data()), data.size()), kind);
 }
 
 StateMap& StateMap::put_raw(std::string_view name, std::string kind, std::string data) {
+    Entry& e = slot(name, kind);
+    e.data = std::move(data);
+    return *this;
+}
+
+StateMap::Entry& StateMap::slot(std::string_view name, std::string_view kind) {
     if (name.empty()) detail::fail("mpiml::StateMap::put", "the entry name is empty");
     auto it = entries_.find(name);
-    if (it == entries_.end())
-        entries_.emplace(std::string(name), Entry{std::move(kind), std::move(data)});
-    else
-        it->second = Entry{std::move(kind), std::move(data)};
-    return *this;
+    if (it == entries_.end()) it = entries_.emplace(std::string(name), Entry{}).first;
+    it->second.kind.assign(kind);
+    it->second.data.clear();
+    it->second.view = {};
+    return it->second;
 }
 
 const StateMap::Entry& StateMap::at(std::string_view name, std::string_view kind) const {
@@ -258,10 +282,11 @@ FileSum write_state_file(const fs::path& path, const StateMap& map, int rank, st
     for (const auto& [name, e] : map.entries()) {
         w.put<std::uint32_t>(static_cast<std::uint32_t>(name.size()));
         w.put<std::uint32_t>(static_cast<std::uint32_t>(e.kind.size()));
-        w.put<std::uint64_t>(e.data.size());
+        const std::string_view data = e.bytes();
+        w.put<std::uint64_t>(data.size());
         w.write(name.data(), name.size());
         w.write(e.kind.data(), e.kind.size());
-        w.write(e.data.data(), e.data.size());
+        w.write(data.data(), data.size());
     }
     auto [size, hash] = w.finish();
     return {size, hash};
@@ -531,6 +556,8 @@ Checkpointer::Checkpointer(fs::path dir, CheckpointOptions options)
 }
 
 fs::path Checkpointer::step_path(std::int64_t step) const { return dir_ / step_name(step); }
+
+void Checkpointer::wait_for_removals() { janitor().wait(); }
 
 fs::path Checkpointer::hidden(std::int64_t step, const char* what) const {
     std::string name = ".";  // appends: GCC 12 warns (-Wrestrict) on "." + std::string

@@ -40,8 +40,8 @@ public:
     }
     ~Dir() {
         mpiml::barrier();
-        std::error_code ec;  // old checkpoints may still be going in the background
-        if (rank() == 0) fs::remove_all(path_, ec);
+        mpiml::Checkpointer::wait_for_removals();  // old checkpoints go in the background
+        if (rank() == 0) fs::remove_all(path_);
     }
     const fs::path& path() const { return path_; }
     fs::path operator/(const std::string& s) const { return path_ / s; }
@@ -134,6 +134,8 @@ TEST(Checkpoint, RoundTripOfEveryCoreKind) {
     st.shared.put("name", "resnet").put("text", std::string("a\0b", 3));
     st.shared.put("floats", std::vector<float>{1.f, -2.f, 3.5f}).put("empty", std::vector<double>{});
     st.shared.put_bytes("blob", payload(1, 70000));
+    const std::string viewed = payload(2, 50000);
+    st.shared.put_view("view", viewed).put_view("viewed_kind", std::string_view(viewed).substr(0, 4), "i32");
     st.per_rank.put("g32", g32).put("g64", g64).put("lcg", lcg).put("rank", rank());
     st.metadata = {{"model", "mlp"}, {"commit", "abc123"}};
     ck.save(12, st);
@@ -164,6 +166,9 @@ TEST(Checkpoint, RoundTripOfEveryCoreKind) {
     EXPECT_TRUE(in.shared.get<std::vector<double>>("empty").empty());
     EXPECT_EQ(in.shared.bytes("blob"), payload(1, 70000));
     EXPECT_EQ(in.shared.at("blob").kind, "bytes");
+    EXPECT_EQ(in.shared.bytes("view"), viewed);
+    EXPECT_EQ(in.shared.at("view").kind, "bytes");
+    EXPECT_EQ(in.shared.get<std::int32_t>("viewed_kind"), st.shared.get<std::int32_t>("viewed_kind"));
     EXPECT_EQ(in.per_rank.get<int>("rank"), rank());
     EXPECT_EQ(in.metadata, st.metadata);
 
@@ -219,6 +224,18 @@ TEST(Checkpoint, StateMapErrorsNameTheEntry) {
     expect([&] { m.put("", 1); }, {"the entry name is empty"});
     EXPECT_TRUE(m.erase("bad"));
     EXPECT_EQ(m.names(), (std::vector<std::string>{"g", "lr", "n"}));
+
+    // Putting an entry again reuses its memory.
+    const std::string big(1 << 20, 'a'), other(1 << 20, 'b');
+    m.put_bytes("big", big);
+    const char* where = m.at("big").data.data();
+    m.put_bytes("big", other);
+    EXPECT_EQ(m.at("big").data.data(), where);
+    EXPECT_EQ(m.bytes("big"), other);
+    m.put("big", std::vector<float>(1000, 1.f));
+    EXPECT_EQ(m.at("big").data.data(), where);
+    EXPECT_EQ(m.at("big").kind, "f32[]");
+    EXPECT_EQ(m.get<std::vector<float>>("big"), std::vector<float>(1000, 1.f));
 }
 
 TEST(Checkpoint, KeepsTheLastK) {

@@ -122,6 +122,7 @@ TEST(TorchCheckpoint, ResumedTrainingEqualsTheUninterruptedRun) {
     for (std::size_t i = 0; i < fresh.size(); ++i) all_equal &= torch::equal(fresh[i], uninterrupted[i]);
     EXPECT_FALSE(all_equal);
 
+    mpiml::Checkpointer::wait_for_removals();
     mpiml::barrier();
     if (rank() == 0) fs::remove_all(dir);
 }
@@ -180,6 +181,7 @@ TEST(TorchCheckpoint, TensorsRoundTrip) {
             << e.what();
     }
 
+    mpiml::Checkpointer::wait_for_removals();
     mpiml::barrier();
     if (rank() == 0) fs::remove_all(dir);
 }

@@ -62,7 +62,7 @@ private:
 
 /// How a type is stored in a checkpoint: specialize with
 ///   static std::string kind();                        // tag stored with the bytes
-///   static void encode(const T& value, std::string& out);
+///   static void encode(const T& value, std::string& out);  // out is empty: append
 ///   static void decode(std::string_view in, T& value);
 /// Provided: arithmetic types, std::string, std::vector of arithmetic types,
 /// the standard random engines (std::mt19937, std::mt19937_64, ...), and in
@@ -87,21 +87,36 @@ class StateMap {
 public:
     struct Entry {
         std::string kind;
-        std::string data;
+        std::string data;       ///< the bytes, unless view is set
+        std::string_view view;  ///< bytes not owned (put_view)
+        std::string_view bytes() const { return view.data() ? view : std::string_view(data); }
     };
 
-    /// Stores value under name (replacing an entry of that name).
+    /// Stores value under name, replacing an entry of that name and reusing
+    /// its memory (a StateMap kept from one save to the next does not
+    /// allocate its large buffers again).
     template <Checkpointable T>
     StateMap& put(std::string_view name, const T& value) {
-        std::string data;
-        CheckpointCodec<T>::encode(value, data);
-        return put_raw(name, CheckpointCodec<T>::kind(), std::move(data));
+        Entry& e = slot(name, CheckpointCodec<T>::kind());
+        try {
+            CheckpointCodec<T>::encode(value, e.data);
+        } catch (...) {
+            erase(name);
+            throw;
+        }
+        return *this;
     }
     /// A string literal is stored as text.
     StateMap& put(std::string_view name, const char* text);
-    /// Raw bytes (kind "bytes").
-    StateMap& put_bytes(std::string_view name, std::string data);
+    /// Raw bytes (kind "bytes"): copied, or taken over (std::string&&).
+    StateMap& put_bytes(std::string_view name, std::string_view data);
     StateMap& put_bytes(std::string_view name, std::span<const std::byte> data);
+    StateMap& put_bytes(std::string_view name, std::string&& data);
+    /// Raw bytes not copied: they must stay valid and unchanged until the
+    /// save that writes them returns.
+    StateMap& put_view(std::string_view name, std::string_view data, std::string_view kind = "bytes");
+    StateMap& put_view(std::string_view name, std::span<const std::byte> data,
+                       std::string_view kind = "bytes");
     /// Bytes with a kind tag of the caller's choosing.
     StateMap& put_raw(std::string_view name, std::string kind, std::string data);
 
@@ -112,7 +127,7 @@ public:
         const std::string kind = CheckpointCodec<T>::kind();
         const Entry& e = at(name, kind);
         try {
-            CheckpointCodec<T>::decode(e.data, value);
+            CheckpointCodec<T>::decode(e.bytes(), value);
         } catch (const Error&) {
             throw;
         } catch (const std::exception& ex) {
@@ -127,7 +142,7 @@ public:
         return value;
     }
     /// The bytes of entry name, whatever its kind (valid while the entry lives).
-    std::string_view bytes(std::string_view name) const { return at(name).data; }
+    std::string_view bytes(std::string_view name) const { return at(name).bytes(); }
     /// Entry name; when kind is not empty, it must hold that kind.
     const Entry& at(std::string_view name, std::string_view kind = {}) const;
 
@@ -140,6 +155,8 @@ public:
     const std::map<std::string, Entry, std::less<>>& entries() const { return entries_; }
 
 private:
+    /// Entry name, created if needed, with this kind and empty data (capacity kept).
+    Entry& slot(std::string_view name, std::string_view kind);
     std::map<std::string, Entry, std::less<>> entries_;
 };
 
@@ -207,6 +224,10 @@ public:
     const CheckpointOptions& options() const { return options_; }
     /// The directory of checkpoint step: dir/step-00000012.
     std::filesystem::path step_path(std::int64_t step) const;
+    /// Waits until the old checkpoints that saves discarded are deleted
+    /// (they are deleted in the background; not collective). Call it before
+    /// removing a checkpoint directory by other means.
+    static void wait_for_removals();
 
 private:
     /// dir/.step-00000012.<what>-<pid>: a temporary or discarded checkpoint.

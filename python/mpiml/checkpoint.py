@@ -33,8 +33,8 @@ import numpy as np
 from . import _core
 from .errors import ArgumentError, CheckpointError
 
-__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_steps", "capture_rng", "restore_rng",
-           "Checkpoint", "CheckpointError", "RawEntry"]
+__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_steps", "wait_for_removals", "capture_rng",
+           "restore_rng", "Checkpoint", "CheckpointError", "RawEntry"]
 
 
 class Checkpoint(collections.namedtuple("Checkpoint", "step shared per_rank")):
@@ -166,6 +166,13 @@ def load_checkpoint(dir, step=None, comm=None):
 def checkpoint_steps(dir):
     """Steps of the checkpoints present under dir, ascending (not verified)."""
     return _core.checkpoint_steps(str(dir))
+
+
+def wait_for_removals():
+    """Waits until the old checkpoints that saves discarded are deleted (they
+    are deleted in the background); call it before removing a checkpoint
+    directory by other means."""
+    _core.checkpoint_wait_for_removals()
 
 
 def _generator_state(g):

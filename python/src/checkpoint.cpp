@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <climits>
+#include <deque>
 #include <string>
 
 namespace mpiml::python {
@@ -21,19 +22,38 @@ void raise_checkpoint_error(const CheckpointError& e) {
     PyErr_SetObject(type.ptr(), x.ptr());
 }
 
-/// [(name, kind, bytes-like), ...] -> StateMap (copies the bytes).
-StateMap to_map(py::handle entries, const char* call) {
+/// Buffers of Python objects held for the duration of a save.
+class Buffers {
+public:
+    Buffers() = default;
+    Buffers(const Buffers&) = delete;
+    Buffers& operator=(const Buffers&) = delete;
+    ~Buffers() {  // with the GIL held
+        for (auto& b : views_) PyBuffer_Release(&b);
+    }
+    std::string_view get(py::handle obj) {
+        views_.emplace_back();
+        if (PyObject_GetBuffer(obj.ptr(), &views_.back(), PyBUF_SIMPLE) != 0) {
+            views_.pop_back();
+            throw py::error_already_set();
+        }
+        const Py_buffer& b = views_.back();
+        return {static_cast<const char*>(b.buf), static_cast<std::size_t>(b.len)};
+    }
+
+private:
+    std::deque<Py_buffer> views_;
+};
+
+/// [(name, kind, bytes-like), ...] -> StateMap of views into the objects' buffers.
+StateMap to_map(py::handle entries, Buffers& buffers, const char* call) {
     StateMap map;
     for (py::handle item : entries) {
         auto t = py::reinterpret_borrow<py::tuple>(item);
         if (t.size() != 3) raise("ArgumentError", call, "an entry is not (name, kind, data)");
         const auto name = t[0].cast<std::string>();
         const auto kind = t[1].cast<std::string>();
-        Py_buffer view;
-        if (PyObject_GetBuffer(t[2].ptr(), &view, PyBUF_SIMPLE) != 0) throw py::error_already_set();
-        std::string data(static_cast<const char*>(view.buf), static_cast<std::size_t>(view.len));
-        PyBuffer_Release(&view);
-        map.put_raw(name, kind, std::move(data));
+        map.put_view(name, buffers.get(t[2]), kind);
     }
     return map;
 }
@@ -84,9 +104,10 @@ void register_checkpoint(py::module_& m) {
             const char* call = "save_checkpoint";
             const Comm c = to_comm(comm);
             agree_encoded(encode_error, c.get(call), call);
+            Buffers buffers;  // released after the save, with the GIL
             CheckpointState st;
-            st.shared = to_map(shared, call);
-            st.per_rank = to_map(per_rank, call);
+            st.shared = to_map(shared, buffers, call);
+            st.per_rank = to_map(per_rank, buffers, call);
             st.metadata = metadata;
             Checkpointer ck(dir, {.keep = keep, .comm = c});
             py::gil_scoped_release unlocked;
@@ -114,6 +135,10 @@ void register_checkpoint(py::module_& m) {
         },
         py::arg("dir"), py::arg("step"), py::arg("comm"));
 
+    m.def("checkpoint_wait_for_removals", [] {
+        py::gil_scoped_release unlocked;
+        Checkpointer::wait_for_removals();
+    });
     m.def("checkpoint_steps", [](const std::string& dir) { return Checkpointer(dir).steps(); },
           py::arg("dir"));
 }

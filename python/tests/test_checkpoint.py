@@ -31,9 +31,10 @@ def ckdir():
         path = tempfile.mkdtemp(prefix="mpiml-pyckpt-")
     path = COMM.bcast(path)
     yield path
+    ckpt.wait_for_removals()
     COMM.Barrier()
     if RANK == 0:
-        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path)
 
 
 def on_rank0(f):

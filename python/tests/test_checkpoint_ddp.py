@@ -13,7 +13,8 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import mpiml.torch
-from mpiml.checkpoint import capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from mpiml.checkpoint import (capture_rng, load_checkpoint, restore_rng, save_checkpoint,
+                              wait_for_removals)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -29,9 +30,10 @@ def ckdir(world):
     path = [tempfile.mkdtemp(prefix="mpiml-ddpckpt-") if world[0] == 0 else None]
     dist.broadcast_object_list(path, src=0)
     yield path[0]
+    wait_for_removals()
     dist.barrier()
     if world[0] == 0:
-        shutil.rmtree(path[0], ignore_errors=True)
+        shutil.rmtree(path[0])
 
 
 class Net(nn.Module):
