@@ -4,7 +4,8 @@
 // (25.6M float32 each, 307 MB), as shared state (rank 0 writes it).
 //   save       Checkpointer::save of the bytes as views (put_view; keep=1:
 //              the previous checkpoint is renamed aside and deleted in the
-//              background, which the next save waits for)
+//              background, finished before the next variant starts, as a
+//              run's training between saves would let it)
 //   put+save   the same, counting the copies into a StateMap kept from one
 //              save to the next (its buffers are reused)
 //   put+save (fresh)  the same into a new StateMap each time (new memory)
@@ -143,6 +144,8 @@ int main(int argc, char** argv) {
     for (int r = 0; r < rounds + 1; ++r) {  // round 0: warm-up, not counted
         for (std::size_t k = 0; k < vs.size(); ++k) {
             Variant& v = vs[(k + static_cast<std::size_t>(r)) % vs.size()];
+            // Between saves a run trains: the previous deletions are done.
+            mpiml::Checkpointer::wait_for_removals();
             mpiml::barrier();
             if (rank == 0) {
                 fs::remove(fs::path(dir) / "plain.bin");

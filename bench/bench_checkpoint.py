@@ -60,6 +60,7 @@ def main():
     for r in range(a.rounds + 1):  # round 0: warm-up
         for k in range(len(variants)):
             name, fn = variants[(k + r) % len(variants)]
+            ck.wait_for_removals()  # as a run's training between saves would let it
             mpiml.barrier()
             if rank == 0:
                 if os.path.exists(os.path.join(a.dir, "plain.bin")):

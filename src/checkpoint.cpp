@@ -579,15 +579,23 @@ std::vector<std::int64_t> Checkpointer::steps() const {
     }
 }
 
+void Checkpointer::agree_on_call(std::int64_t step, MPI_Comm comm, const char* call) const {
+    const std::string d = dir_.string();
+    const std::int64_t key[2] = {step, static_cast<std::int64_t>(detail::xxh64(d.data(), d.size()))};
+    std::int64_t lo[2], hi[2];
+    if (detail::agree(key, 2, comm, call, lo, hi)) return;
+    if (lo[0] != hi[0])
+        detail::fail(call, "ranks disagree on the step (" + std::to_string(lo[0]) + " to " +
+                               std::to_string(hi[0]) + ")");
+    detail::fail(call, "ranks disagree on the directory (this rank's: " + d + ")");
+}
+
 void Checkpointer::save(std::int64_t step, const CheckpointState& state) {
     const char* call = "mpiml::Checkpointer::save";
     const MPI_Comm comm = options_.comm.get(call);
     const int rank = proc_id(comm);
     const int size = num_procs(comm);
-    std::int64_t lo = step, hi = step;
-    if (!detail::agree(&step, 1, comm, call, &lo, &hi))
-        detail::fail(call, "ranks disagree on the step (" + std::to_string(lo) + " to " +
-                               std::to_string(hi) + ")");
+    agree_on_call(step, comm, call);
     if (step < 0) detail::fail(call, "step must be >= 0, got " + std::to_string(step));
     const std::string where = "step " + std::to_string(step) + " not saved in " + dir_.string() + ": ";
     const fs::path final_dir = step_path(step);
@@ -736,12 +744,7 @@ std::optional<CheckpointInfo> Checkpointer::load_impl(std::optional<std::int64_t
                                                       CheckpointState& state, const char* call) {
     const MPI_Comm comm = options_.comm.get(call);
     const int rank = proc_id(comm);
-    if (only) {
-        std::int64_t lo = *only, hi = *only;
-        if (!detail::agree(&*only, 1, comm, call, &lo, &hi))
-            detail::fail(call, "ranks disagree on the step (" + std::to_string(lo) + " to " +
-                                   std::to_string(hi) + ")");
-    }
+    agree_on_call(only.value_or(-1), comm, call);
 
     // Rank 0 lists the candidates, newest first.
     std::string msg;

@@ -412,7 +412,7 @@ TEST(Checkpoint, DifferentWorldSize) {
     }
 }
 
-TEST(Checkpoint, MismatchedStepsAreAnErrorOnEveryRank) {
+TEST(Checkpoint, MismatchedStepsOrDirectoriesAreAnErrorOnEveryRank) {
     if (size() < 2) GTEST_SKIP() << "needs 2 ranks";
     Dir d;
     mpiml::Checkpointer ck(d.path());
@@ -423,6 +423,23 @@ TEST(Checkpoint, MismatchedStepsAreAnErrorOnEveryRank) {
         EXPECT_NE(std::string(e.what()).find("ranks disagree on the step (3 to 4)"), std::string::npos) << e.what();
     }
     EXPECT_TRUE(ck.steps().empty());
+
+    mpiml::Checkpointer mine(d / ("r" + std::to_string(rank())));
+    mpiml::CheckpointState st;
+    for (int i = 0; i < 2; ++i) {
+        try {
+            if (i == 0)
+                mine.save(1, make_state(1));
+            else
+                mine.load_latest(st);
+            ADD_FAILURE() << "expected mpiml::Error";
+        } catch (const mpiml::Error& e) {
+            EXPECT_NE(std::string(e.what()).find("ranks disagree on the directory (this rank's: " +
+                                                 (d / ("r" + std::to_string(rank()))).string() + ")"),
+                      std::string::npos)
+                << e.what();
+        }
+    }
 }
 
 TEST(Checkpoint, UnwritableDirectoryIsAnErrorOnEveryRank) {

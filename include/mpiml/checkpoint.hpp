@@ -230,6 +230,8 @@ public:
     static void wait_for_removals();
 
 private:
+    /// Every rank of comm passes the same step and directory, or all throw.
+    void agree_on_call(std::int64_t step, MPI_Comm comm, const char* call) const;
     /// dir/.step-00000012.<what>-<pid>: a temporary or discarded checkpoint.
     std::filesystem::path hidden(std::int64_t step, const char* what) const;
     std::optional<CheckpointInfo> load_impl(std::optional<std::int64_t> only, CheckpointState& state,
