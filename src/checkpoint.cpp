@@ -57,10 +57,30 @@ StateMap& StateMap::put_bytes(std::string_view name, std::string&& data) {
     return put_raw(name, "bytes", std::move(data));
 }
 
+std::size_t StateMap::Entry::size() const {
+    if (pieces.empty()) return data.size();
+    std::size_t n = 0;
+    for (auto p : pieces) n += p.size();
+    return n;
+}
+
+std::string_view StateMap::Entry::bytes() const {
+    if (pieces.empty()) return data;
+    if (pieces.size() == 1) return pieces[0];
+    detail::fail("mpiml::StateMap::get", "a view of " + std::to_string(pieces.size()) +
+                                             " pieces (" + kind + ") is readable once loaded back");
+}
+
 StateMap& StateMap::put_view(std::string_view name, std::string_view data, std::string_view kind) {
+    return put_view(name, std::vector<std::string_view>{data}, kind);
+}
+
+StateMap& StateMap::put_view(std::string_view name, std::vector<std::string_view> pieces,
+                             std::string_view kind) {
     Entry& e = slot(name, kind);
     e.data = std::string();
-    e.view = data.data() ? data : std::string_view("", 0);
+    std::erase_if(pieces, [](std::string_view p) { return p.empty(); });
+    e.pieces = pieces.empty() ? std::vector<std::string_view>{std::string_view("", 0)} : std::move(pieces);
     return *this;
 }
 
@@ -81,7 +101,7 @@ StateMap::Entry& StateMap::slot(std::string_view name, std::string_view kind) {
     if (it == entries_.end()) it = entries_.emplace(std::string(name), Entry{}).first;
     it->second.kind.assign(kind);
     it->second.data.clear();
-    it->second.view = {};
+    it->second.pieces.clear();
     return it->second;
 }
 
@@ -282,11 +302,13 @@ FileSum write_state_file(const fs::path& path, const StateMap& map, int rank, st
     for (const auto& [name, e] : map.entries()) {
         w.put<std::uint32_t>(static_cast<std::uint32_t>(name.size()));
         w.put<std::uint32_t>(static_cast<std::uint32_t>(e.kind.size()));
-        const std::string_view data = e.bytes();
-        w.put<std::uint64_t>(data.size());
+        w.put<std::uint64_t>(e.size());
         w.write(name.data(), name.size());
         w.write(e.kind.data(), e.kind.size());
-        w.write(data.data(), data.size());
+        if (e.pieces.empty())
+            w.write(e.data.data(), e.data.size());
+        else
+            for (const auto p : e.pieces) w.write(p.data(), p.size());
     }
     auto [size, hash] = w.finish();
     return {size, hash};

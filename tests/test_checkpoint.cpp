@@ -136,6 +136,8 @@ TEST(Checkpoint, RoundTripOfEveryCoreKind) {
     st.shared.put_bytes("blob", payload(1, 70000));
     const std::string viewed = payload(2, 50000);
     st.shared.put_view("view", viewed).put_view("viewed_kind", std::string_view(viewed).substr(0, 4), "i32");
+    st.shared.put_view("pieces", std::vector<std::string_view>{"ab", "", "cde"});
+    EXPECT_THROW(st.shared.bytes("pieces"), mpiml::Error);
     st.per_rank.put("g32", g32).put("g64", g64).put("lcg", lcg).put("rank", rank());
     st.metadata = {{"model", "mlp"}, {"commit", "abc123"}};
     ck.save(12, st);
@@ -167,6 +169,7 @@ TEST(Checkpoint, RoundTripOfEveryCoreKind) {
     EXPECT_EQ(in.shared.bytes("blob"), payload(1, 70000));
     EXPECT_EQ(in.shared.at("blob").kind, "bytes");
     EXPECT_EQ(in.shared.bytes("view"), viewed);
+    EXPECT_EQ(in.shared.bytes("pieces"), "abcde");
     EXPECT_EQ(in.shared.at("view").kind, "bytes");
     EXPECT_EQ(in.shared.get<std::int32_t>("viewed_kind"), st.shared.get<std::int32_t>("viewed_kind"));
     EXPECT_EQ(in.per_rank.get<int>("rank"), rank());

@@ -87,9 +87,12 @@ class StateMap {
 public:
     struct Entry {
         std::string kind;
-        std::string data;       ///< the bytes, unless view is set
-        std::string_view view;  ///< bytes not owned (put_view)
-        std::string_view bytes() const { return view.data() ? view : std::string_view(data); }
+        std::string data;                      ///< the bytes, unless pieces is set
+        std::vector<std::string_view> pieces;  ///< bytes not owned (put_view), in order
+        std::size_t size() const;
+        /// The bytes, contiguous. Throws for a view of several pieces (written
+        /// by a save as one entry, readable once loaded back).
+        std::string_view bytes() const;
     };
 
     /// Stores value under name, replacing an entry of that name and reusing
@@ -116,6 +119,9 @@ public:
     /// save that writes them returns.
     StateMap& put_view(std::string_view name, std::string_view data, std::string_view kind = "bytes");
     StateMap& put_view(std::string_view name, std::span<const std::byte> data,
+                       std::string_view kind = "bytes");
+    /// One entry made of several pieces, not copied (e.g. a header and an array).
+    StateMap& put_view(std::string_view name, std::vector<std::string_view> pieces,
                        std::string_view kind = "bytes");
     /// Bytes with a kind tag of the caller's choosing.
     StateMap& put_raw(std::string_view name, std::string kind, std::string data);

@@ -69,9 +69,7 @@ def _encode(value):
     if isinstance(value, str):
         return "text", value.encode("utf-8")
     if isinstance(value, np.ndarray) and not value.dtype.hasobject:
-        buf = io.BytesIO()
-        np.lib.format.write_array(buf, value, allow_pickle=False)
-        return "numpy", buf.getbuffer()
+        return "numpy", _npy_pieces(value)
     buf = io.BytesIO()
     torch = _torch()
     if torch is not None:
@@ -79,6 +77,20 @@ def _encode(value):
         return "torch.save", buf.getbuffer()
     pickle.dump(value, buf, protocol=pickle.HIGHEST_PROTOCOL)
     return "pickle", buf.getbuffer()
+
+
+def _npy_pieces(a):
+    """The .npy file of array a as [header, data]: the data not copied when
+    the array is contiguous."""
+    header = io.BytesIO()
+    d = np.lib.format.header_data_from_array_1_0(a)
+    try:
+        np.lib.format.write_array_header_1_0(header, d)
+    except ValueError:  # a header too long for format 1.0
+        np.lib.format.write_array_header_2_0(header, d)
+    data = a.T if d["fortran_order"] else a
+    data = np.ascontiguousarray(data)  # no copy when already contiguous
+    return [header.getvalue(), data.reshape(-1).view(np.uint8)]
 
 
 def _decode(kind, data):

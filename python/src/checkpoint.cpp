@@ -45,7 +45,8 @@ private:
     std::deque<Py_buffer> views_;
 };
 
-/// [(name, kind, bytes-like), ...] -> StateMap of views into the objects' buffers.
+/// [(name, kind, bytes-like or list of them), ...] -> StateMap of views into
+/// the objects' buffers.
 StateMap to_map(py::handle entries, Buffers& buffers, const char* call) {
     StateMap map;
     for (py::handle item : entries) {
@@ -53,7 +54,12 @@ StateMap to_map(py::handle entries, Buffers& buffers, const char* call) {
         if (t.size() != 3) raise("ArgumentError", call, "an entry is not (name, kind, data)");
         const auto name = t[0].cast<std::string>();
         const auto kind = t[1].cast<std::string>();
-        map.put_view(name, buffers.get(t[2]), kind);
+        std::vector<std::string_view> pieces;
+        if (py::isinstance<py::list>(t[2]))
+            for (py::handle piece : t[2]) pieces.push_back(buffers.get(piece));
+        else
+            pieces.push_back(buffers.get(t[2]));
+        map.put_view(name, std::move(pieces), kind);
     }
     return map;
 }

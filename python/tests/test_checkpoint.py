@@ -47,6 +47,8 @@ def on_rank0(f):
 def test_every_kind_round_trips(ckdir):
     w = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     shared = {"w": w, "fortran": np.asfortranarray(w.astype(np.float64)), "ids": np.arange(5, dtype=np.int64),
+              "zero_d": np.array(3.5), "empty": np.zeros((0, 4), np.uint8), "strided": w[:, ::2, 1:],
+              "big_endian": np.arange(4, dtype=">i4"), "record": np.zeros(2, dtype=[("a", "<f8"), ("b", "i1")]),
               "n": 7, "big": -2**62, "lr": 0.125, "flag": True, "name": "résumé", "raw": b"\x00\x01xyz",
               "obj": {"a": [1, 2], "b": (3, None)}, "t": torch.arange(6).reshape(2, 3)}
     per_rank = {"mine": np.full(3, RANK, dtype=np.int16), "rank": RANK}
@@ -56,7 +58,7 @@ def test_every_kind_round_trips(ckdir):
     assert step == 12 and ck.world_size == SIZE and ck.metadata == {"git": "abc"}
     assert ck.path == os.path.join(ckdir, "step-00000012") and ck.skipped == []
     assert sorted(s) == sorted(shared) and sorted(p) == sorted(per_rank)
-    for k in ("w", "fortran", "ids"):
+    for k in ("w", "fortran", "ids", "zero_d", "empty", "strided", "big_endian", "record"):
         assert s[k].dtype == shared[k].dtype and s[k].shape == shared[k].shape
         np.testing.assert_array_equal(s[k], shared[k])
         assert s[k].flags.writeable
