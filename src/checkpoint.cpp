@@ -718,8 +718,11 @@ void Checkpointer::save(std::int64_t step, const CheckpointState& state) {
             const bool replacing = fs::exists(final_dir, ec);
             if (replacing && ::rename(final_dir.c_str(), old.c_str()) != 0)
                 io_fail("cannot move the previous checkpoint aside:", final_dir, errno);
-            if (::rename(tmp.c_str(), final_dir.c_str()) != 0)
-                io_fail("cannot rename " + tmp.string() + " to", final_dir, errno);
+            if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+                const int err = errno;
+                if (replacing) ::rename(old.c_str(), final_dir.c_str());  // put it back
+                io_fail("cannot rename " + tmp.string() + " to", final_dir, err);
+            }
             renamed = true;
             fsync_dir(dir_);
             if (replacing) janitor().remove_later(old);
