@@ -299,7 +299,7 @@ def get_repeats(results, kind, key, impl):
 
 
 def python_headline(results):
-    """The Python package's targets at 2 ranks (issue 11)."""
+    """The Python package's targets at 2 ranks."""
     out = []
     rows = [("avg_grads", "ac64", "`mpi_avg_grads`, actor-critic (64,64)", 10.0),
             ("avg_grads", "ac256", "`mpi_avg_grads`, actor-critic (256,256)", 3.0),

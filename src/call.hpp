@@ -16,7 +16,7 @@ namespace mpiml::detail {
 void check_op(const ReduceOp& op, TypeClass cls, MPI_Datatype type, const char* call);
 
 /// The kinds of collective, for checks, the watchdog and profiles.
-enum class Kind : std::int64_t { allreduce = 1, broadcast, allgather, barrier };
+enum class Kind : std::int64_t { allreduce = 1, broadcast, allgather, barrier, other };
 const char* kind_name(Kind k);
 
 /// Description of one collective call.
@@ -53,6 +53,7 @@ public:
 
 private:
     bool armed_ = false;
+    bool marked_ = false;  // on the exit guard's board
     std::optional<ProfileMark> profile_;
 };
 

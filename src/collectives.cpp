@@ -1,6 +1,7 @@
 // The type-erased collective core: every mpiml collective goes through here.
 #include "agreement.hpp"
 #include "call.hpp"
+#include "exit_guard.hpp"
 #include "profile_hooks.hpp"
 #include "state.hpp"
 #include "types.hpp"
@@ -55,6 +56,13 @@ int delete_seq(MPI_Comm, int, void* value, void*) {
     return MPI_SUCCESS;
 }
 
+// Every rank is a member (the exit guard's concern).
+bool spans_world(MPI_Comm comm) {
+    if (comm == MPI_COMM_WORLD) return true;
+    int n = 0;
+    return MPI_Comm_size(comm, &n) == MPI_SUCCESS && n == state().world_size;
+}
+
 constexpr std::size_t max_chunk = std::size_t{1} << 30;  // elements per MPI call
 
 void check_root(int root, MPI_Comm comm, const char* call) {
@@ -81,6 +89,7 @@ const char* kind_name(Kind k) {
         case Kind::broadcast: return "broadcast";
         case Kind::allgather: return "allgather";
         case Kind::barrier: return "barrier";
+        case Kind::other: break;
     }
     return "collective";
 }
@@ -171,11 +180,19 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
     const bool check = s.check.load(std::memory_order_relaxed);
     const bool timed = s.timeout.load(std::memory_order_relaxed) > 0;
     const std::int64_t t0 = prof ? profile_now() : 0;
+    if (injecting()) inject_on_collective();
     // Every rank counts and marks every collective whatever its own settings,
     // which may differ between ranks: the sequence numbers and the arrival
     // board (set up collectively on the first world collective) may not.
     const std::uint64_t seq = next_sequence(info.comm);
     if (info.comm == MPI_COMM_WORLD) arrival_mark(seq);
+    if (spans_world(info.comm)) {
+        exit_guard_setup();
+        if (exit_guard_ready()) {
+            exit_mark_enter(info.kind, seq);
+            marked_ = true;
+        }
+    }
     if (!check && !timed && !prof) return;
     if (timed) {
         watchdog_arm(info, seq);
@@ -194,7 +211,21 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
                                profile_generation.load(std::memory_order_relaxed)};
 }
 
+ExitMark::ExitMark(int kind, MPI_Comm comm, std::uint64_t seq) {
+    if (!spans_world(comm)) return;
+    exit_guard_setup();
+    if (!exit_guard_ready()) return;
+    const bool known = kind >= static_cast<int>(Kind::allreduce) && kind <= static_cast<int>(Kind::other);
+    exit_mark_enter(known ? static_cast<Kind>(kind) : Kind::other, seq);
+    marked_ = true;
+}
+
+ExitMark::~ExitMark() {
+    if (marked_ && exit_guard_ready()) exit_mark_leave();
+}
+
 CollectiveScope::~CollectiveScope() {
+    if (marked_ && exit_guard_ready()) exit_mark_leave();
     if (armed_) watchdog_disarm();
     if (profile_) profile_collective(*profile_);
 }

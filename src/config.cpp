@@ -102,6 +102,45 @@ LaunchConfig read_launch_config(const char* call) {
     return c;
 }
 
+std::vector<Injection> parse_inject(const std::string& v) {
+    constexpr const char* name = "MPIML_INJECT";
+    const char* want =
+        "is not a list of ACTION:RANK:N (ACTION kill, segv, stall or exit[=STATUS]; N the rank's "
+        "N-th collective, from 1), e.g. kill:1:200 or exit=3:0:5,segv:2:10";
+    std::vector<Injection> out;
+    std::stringstream items(v);
+    for (std::string item; std::getline(items, item, ',');) {
+        const auto c1 = item.find(':'), c2 = item.rfind(':');
+        if (c1 == std::string::npos || c2 == c1) bad(name, v, want);
+        std::string action = item.substr(0, c1);
+        const std::string rank = item.substr(c1 + 1, c2 - c1 - 1), at = item.substr(c2 + 1);
+        Injection j;
+        auto number = [&](const std::string& t, long long lo) {
+            char* end = nullptr;
+            if (t.empty() || !std::isdigit(static_cast<unsigned char>(t[0]))) bad(name, v, want);
+            errno = 0;
+            const long long x = std::strtoll(t.c_str(), &end, 10);
+            if (*end || errno == ERANGE || x < lo || x > INT_MAX) bad(name, v, want);
+            return x;
+        };
+        if (action.rfind("exit=", 0) == 0) {
+            j.status = static_cast<int>(number(action.substr(5), 0));
+            if (j.status > 255) bad(name, v, "has an exit status above 255");
+            action = "exit";
+        }
+        if (action == "kill") j.action = Injection::Action::kill;
+        else if (action == "segv") j.action = Injection::Action::segv;
+        else if (action == "stall") j.action = Injection::Action::stall;
+        else if (action == "exit") j.action = Injection::Action::exit;
+        else bad(name, v, want);
+        j.rank = static_cast<int>(number(rank, 0));
+        j.at = static_cast<std::uint64_t>(number(at, 1));
+        out.push_back(j);
+    }
+    if (out.empty()) bad(name, v, want);
+    return out;
+}
+
 EnvConfig read_env_config() {
     EnvConfig c;
     if (auto v = get("MPIML_CHECK")) c.check = parse_bool("MPIML_CHECK", *v);
@@ -139,6 +178,15 @@ EnvConfig read_env_config() {
     }
     if (auto v = get("MPIML_PROFILE")) c.profile_dir = *v;
     c.profile_clock_measure = profile_clock_measure();
+    if (auto v = get("MPIML_INJECT")) c.inject = parse_inject(*v);
+    if (auto v = get("MPIML_ATTEMPT")) {
+        char* end = nullptr;
+        const long k = std::strtol(v->c_str(), &end, 10);
+        if (*end || k < 0 || k > INT_MAX || !std::isdigit(static_cast<unsigned char>((*v)[0])))
+            bad("MPIML_ATTEMPT", *v, "must be the attempt number (0 for the first run)");
+        c.attempt = static_cast<int>(k);
+    }
+    if (auto v = get("MPIML_ABORT_RECORD")) c.abort_record = *v;
     return c;
 }
 

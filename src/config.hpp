@@ -11,13 +11,27 @@
 
 namespace mpiml::detail {
 
+/// One fault of MPIML_INJECT: at this rank's `at`-th collective.
+struct Injection {
+    enum class Action { kill, segv, stall, exit } action;
+    int rank = 0;
+    std::uint64_t at = 1;
+    int status = 1;  // for exit
+};
+
 struct EnvConfig {
     std::optional<bool> check;      // MPIML_CHECK
     std::optional<double> timeout;  // MPIML_TIMEOUT, seconds
     shm::Config shm;                // MPIML_SHM, MPIML_SHM_*THRESHOLD, MPIML_SHM_CHUNK, MPIML_NODE_SPLIT
     std::string profile_dir;        // MPIML_PROFILE
     bool profile_clock_measure = false;  // MPIML_PROFILE_CLOCK=measure
+    std::vector<Injection> inject;  // MPIML_INJECT (first attempt only)
+    int attempt = 0;                // MPIML_ATTEMPT: 0 first, set by restarting launchers
+    std::string abort_record;       // MPIML_ABORT_RECORD: file the abort line is appended to
 };
+
+/// Parses MPIML_INJECT's value (exposed for tests).
+std::vector<Injection> parse_inject(const std::string& v);
 
 /// mpi_fork's variables, read when it launches (before MPI starts, so not part
 /// of EnvConfig): MPIML_MPIRUN, MPIML_MPIRUN_FLAGS, MPIML_HOSTFILE.

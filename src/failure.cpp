@@ -1,4 +1,5 @@
 // Abort on failure: print one clear line, then MPI_Abort the whole job.
+#include "exit_guard.hpp"
 #include "state.hpp"
 
 #include <mpiml/failure.hpp>
@@ -6,6 +7,7 @@
 
 #include <cxxabi.h>
 #include <execinfo.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -14,6 +16,7 @@
 #include <cstring>
 #include <ctime>
 #include <exception>
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <typeinfo>
@@ -37,6 +40,33 @@ std::size_t format_prefix(char* buf, std::size_t cap) {
         return static_cast<std::size_t>(
             std::snprintf(buf, cap, "[mpiml] rank %d/%d: ", s.world_rank, s.world_size));
     return static_cast<std::size_t>(std::snprintf(buf, cap, "[mpiml] rank ?: "));
+}
+
+// MPIML_ABORT_RECORD and this host, kept where a signal handler can read them.
+char record_path[1024];
+char host_name[256];
+
+// Appends "rank R/N host H: <what>" to the abort record, for a restarting
+// launcher to say what failed (async-signal-safe).
+void record_abort(const char* what, std::size_t n) {
+    if (!record_path[0]) return;
+    const int fd = ::open(record_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    char buf[1024];
+    const auto& s = detail::state();
+    int k = std::snprintf(buf, sizeof buf, "rank %d/%d host %s: ", s.world_rank, s.world_size,
+                          host_name[0] ? host_name : "?");
+    if (k < 0) k = 0;
+    std::size_t len = std::min(static_cast<std::size_t>(k), sizeof buf - 1);
+    const std::size_t m = std::min(n, sizeof buf - 1 - len);
+    std::memcpy(buf + len, what, m);
+    len += m;
+    if (len == 0 || buf[len - 1] != '\n') {
+        if (len == sizeof buf - 1) --len;
+        buf[len++] = '\n';
+    }
+    [[maybe_unused]] const ssize_t w = ::write(fd, buf, len);
+    ::close(fd);
 }
 
 void print_backtrace() {
@@ -86,6 +116,7 @@ void print_abort_line(std::string_view what) {
     line += " - aborting the job\n";
     std::fflush(stdout);
     write_all(line.data(), line.size());
+    record_abort(what.data(), what.size());
 }
 
 void on_terminate() {
@@ -118,6 +149,9 @@ void on_signal(int sig) {
                                                 "fatal signal %s - aborting the job\n",
                                                 signal_name(sig)));
     write_all(buf, std::min(n, sizeof buf - 1));
+    char what[96];
+    const int m = std::snprintf(what, sizeof what, "fatal signal %s", signal_name(sig));
+    if (m > 0) record_abort(what, std::min(static_cast<std::size_t>(m), sizeof what - 1));
     print_backtrace();
     abort_mpi(128 + sig);
 }
@@ -125,6 +159,14 @@ void on_signal(int sig) {
 constexpr int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 
 }  // namespace
+
+namespace detail {
+void set_abort_record(const std::string& path) {
+    std::snprintf(record_path, sizeof record_path, "%s", path.c_str());
+    if (::gethostname(host_name, sizeof host_name - 1) != 0) host_name[0] = '\0';
+}
+void record_abort_line(std::string_view what) { record_abort(what.data(), what.size()); }
+}  // namespace detail
 
 void install_failure_handlers() {
     static std::once_flag once;
@@ -157,6 +199,7 @@ int run(int argc, char** argv, const std::function<int(int, char**)>& fn) {
     } catch (...) {
         abort_job(current_exception_text(), 1);
     }
+    detail::set_exit_status(rc);  // the Session ends (and MPI with it) before main returns rc
     return rc;
 }
 

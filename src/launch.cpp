@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -277,31 +279,185 @@ void launcher_options(LaunchPlan& plan, int n, bool bind_to_core, const LaunchCo
 
 }  // namespace
 
-LaunchPlan plan_fork(int n, bool bind_to_core) {
+LaunchPlan plan_program(int n, bool bind_to_core, const std::vector<std::string>& program) {
     if (n < 1) fail(call_name, "n must be at least 1, got " + std::to_string(n));
+    if (program.empty()) fail(call_name, "no program to launch");
     const LaunchConfig cfg = read_launch_config(call_name);
     LaunchPlan plan;
     plan.env = forked_env();
     choose_launcher(plan, cfg);
     plan.argv.push_back(plan.launcher);
     launcher_options(plan, n, bind_to_core, cfg);
-    // The program itself, argv byte for byte.
-    plan.argv.push_back(own_exe());
-    const auto args = own_argv();
-    plan.argv.insert(plan.argv.end(), args.begin() + (args.empty() ? 0 : 1), args.end());
+    plan.argv.insert(plan.argv.end(), program.begin(), program.end());
     return plan;
+}
+
+LaunchPlan plan_fork(int n, bool bind_to_core) {
+    // The program itself, argv byte for byte.
+    std::vector<std::string> program{own_exe()};
+    const auto args = own_argv();
+    program.insert(program.end(), args.begin() + (args.empty() ? 0 : 1), args.end());
+    return plan_program(n, bind_to_core, program);
+}
+
+namespace {
+
+volatile std::sig_atomic_t interrupted = 0;
+pid_t running_launcher = 0;
+void on_interrupt(int sig) {
+    interrupted = sig;
+    // Ctrl-C reaches the launcher through the terminal; a SIGTERM sent to this
+    // process alone is passed on.
+    if (sig == SIGTERM && running_launcher > 0) ::kill(running_launcher, SIGTERM);
+}
+
+// Runs argv with env; the launcher's stderr passes through, and its lines
+// that name a rank ending on a signal or a lost host are kept in `noticed`.
+int spawn_and_wait(const LaunchPlan& plan, std::vector<std::string> argv, std::vector<std::string> env,
+                   std::string& noticed) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) fail(call_name, std::string("pipe: ") + std::strerror(errno));
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+    auto a = c_strings(argv);
+    auto e = c_strings(env);
+    pid_t pid = 0;
+    const int rc = posix_spawn(&pid, a[0], &fa, nullptr, a.data(), e.data());
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(fds[1]);
+    running_launcher = rc == 0 ? pid : 0;
+    if (rc != 0) {
+        ::close(fds[0]);
+        fail(call_name, "cannot start " + plan.launcher + ": " + std::strerror(rc));
+    }
+    std::string line;
+    char buf[4096];
+    ssize_t k;
+    auto keep = [&](const std::string& l) {
+        const bool rank_line = l.find("rank") != std::string::npos || l.find("node") != std::string::npos;
+        if (rank_line && (l.find("signal") != std::string::npos || l.find("lost") != std::string::npos ||
+                          l.find("Killed") != std::string::npos))
+            noticed = l;
+    };
+    while ((k = ::read(fds[0], buf, sizeof buf)) != 0) {
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        [[maybe_unused]] const ssize_t w = ::write(2, buf, static_cast<std::size_t>(k));
+        for (ssize_t i = 0; i < k; ++i) {
+            if (buf[i] == '\n') {
+                keep(line);
+                line.clear();
+            } else if (line.size() < 1024) {
+                line += buf[i];
+            }
+        }
+    }
+    keep(line);
+    ::close(fds[0]);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR) fail(call_name, std::string("waitpid: ") + std::strerror(errno));
+    }
+    running_launcher = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+}
+
+std::string first_line(const std::string& path) {
+    std::ifstream f(path);
+    std::string l;
+    std::getline(f, l);
+    return l;
+}
+
+std::string trim(std::string s) {
+    const auto b = s.find_first_not_of(" \t");
+    if (b == std::string::npos) return "";
+    const auto e = s.find_last_not_of(" \t\r");
+    return s.substr(b, e - b + 1);
+}
+
+}  // namespace
+
+int run_with_restarts(const LaunchPlan& plan, int restarts, double backoff, const char* who) {
+    if (restarts < 0) fail(who, "restarts must be >= 0, got " + std::to_string(restarts));
+    if (!(backoff >= 0) || backoff > 3600) fail(who, "backoff must be 0-3600 seconds");
+    char dir[] = "/tmp/mpiml-run-XXXXXX";
+    if (!::mkdtemp(dir)) fail(who, std::string("mkdtemp: ") + std::strerror(errno));
+    const std::string record = std::string(dir) + "/abort-record";
+    std::vector<std::string> env;
+    for (const auto& kv : plan.env) {
+        const auto name = env_name(kv);
+        if (name != "MPIML_ATTEMPT" && name != "MPIML_ABORT_RECORD") env.push_back(kv);
+    }
+    std::vector<std::string> argv = plan.argv;
+    if (plan.kind == LauncherKind::open_mpi)  // to ranks on other hosts too
+        argv.insert(argv.begin() + 1, {"-x", "MPIML_ATTEMPT", "-x", "MPIML_ABORT_RECORD"});
+    env.push_back("MPIML_ABORT_RECORD=" + record);
+    // Ctrl-C or SIGTERM ends the job for good: no restart after it.
+    interrupted = 0;
+    struct sigaction sa {}, old_int{}, old_term{};
+    sa.sa_handler = on_interrupt;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int);
+    ::sigaction(SIGTERM, &sa, &old_term);
+    int code = 0;
+    double wait = backoff;
+    for (int attempt = 0;; ++attempt) {
+        std::vector<std::string> e = env;
+        e.push_back("MPIML_ATTEMPT=" + std::to_string(attempt));
+        ::unlink(record.c_str());
+        std::fflush(nullptr);
+        std::string noticed;
+        code = spawn_and_wait(plan, argv, e, noticed);
+        if (code == 0) break;
+        std::string why = first_line(record);
+        if (why.empty()) why = trim(noticed);
+        if (why.empty()) why = "no rank recorded why";
+        const bool last = attempt >= restarts || interrupted;
+        char head[160];
+        std::snprintf(head, sizeof head, "[mpiml] %s: attempt %d of %d failed with status %d (", who,
+                      attempt + 1, restarts + 1, code);
+        std::string msg = head + why + ")";
+        if (last) {
+            msg += interrupted ? "; interrupted, no restart\n"
+                               : restarts > 0 ? "; no restarts left\n" : "\n";
+        } else {
+            char tail[64];
+            std::snprintf(tail, sizeof tail, "; restarting in %.3g s\n", wait);
+            msg += tail;
+        }
+        [[maybe_unused]] const ssize_t w = ::write(2, msg.data(), msg.size());
+        if (last) break;
+        std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+        wait *= 2;
+        if (interrupted) break;
+    }
+    ::sigaction(SIGINT, &old_int, nullptr);
+    ::sigaction(SIGTERM, &old_term, nullptr);
+    ::unlink(record.c_str());
+    ::rmdir(dir);
+    return code;
 }
 
 }  // namespace detail
 
-void mpi_fork(int n, bool bind_to_core) {
+void mpi_fork(int n, bool bind_to_core) { mpi_fork(n, ForkOptions{bind_to_core, 0, 1.0}); }
+
+void mpi_fork(int n, const ForkOptions& options) {
     if (n < 0) detail::fail("mpiml::mpi_fork", "n must be >= 0, got " + std::to_string(n));
+    if (options.restarts < 0)
+        detail::fail("mpiml::mpi_fork", "restarts must be >= 0, got " + std::to_string(options.restarts));
     if (n <= 1) return;
     if (detail::launched_by_mpi_fork()) return;
-    auto plan = detail::plan_fork(n, bind_to_core);
+    auto plan = detail::plan_fork(n, options.bind_to_core);
     // The ranks write the profile; this process must not overwrite it at exit.
     detail::profile_discard();
     std::fflush(nullptr);
+    if (options.restarts > 0)
+        std::exit(detail::run_with_restarts(plan, options.restarts, options.backoff, "mpiml::mpi_fork"));
     auto argv = detail::c_strings(plan.argv);
     auto envp = detail::c_strings(plan.env);
     pid_t pid = 0;
@@ -319,5 +475,7 @@ void mpi_fork(int n, bool bind_to_core) {
                                            : 1;
     std::exit(code);
 }
+
+int restart_attempt() { return detail::env_config().attempt; }
 
 }  // namespace mpiml

@@ -1,4 +1,5 @@
 #include "config.hpp"
+#include "exit_guard.hpp"
 #include "profile_hooks.hpp"
 #include "state.hpp"
 
@@ -36,6 +37,7 @@ std::vector<void (*)()>& finalize_hooks() {
 // MPI_Finalize deletes MPI_COMM_SELF's attributes first: run our cleanup
 // there, whoever calls MPI_Finalize.
 int on_self_delete(MPI_Comm, int, void*, void*) {
+    exit_guard_run();  // first: the hooks below may be collective
     auto& hooks = finalize_hooks();
     for (auto it = hooks.rbegin(); it != hooks.rend(); ++it) (*it)();
     hooks.clear();
@@ -44,6 +46,8 @@ int on_self_delete(MPI_Comm, int, void*, void*) {
 }
 
 void atexit_finalize() { mpiml::finalize(); }
+// Registered after atexit_finalize, so it runs first and the guard knows the status.
+void record_exit_status(int status, void*) { set_exit_status(status); }
 
 void initialize(int* argc, char*** argv, const SessionOptions& opts, const char* call = "mpiml") {
     std::lock_guard lock(init_mutex);
@@ -57,6 +61,7 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
         check_mpi(MPI_Init_thread(argc, argv, opts.thread_level, &s.provided), "MPI_Init_thread");
         s.we_initialized = true;
         std::atexit(atexit_finalize);
+        ::on_exit(record_exit_status, nullptr);
     } else {
         MPI_Query_thread(&s.provided);
     }
@@ -72,6 +77,10 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
     if (opts.check) s.check = *opts.check;
     s.abort_on_failure = opts.abort_on_failure;
     if (s.abort_on_failure) install_failure_handlers();
+    inject_setup();
+    // Set up with MPI_Init, which every rank calls; when another library
+    // initialized MPI, on the first collective that spans every rank.
+    if (s.we_initialized) exit_guard_setup();
     s.ready = true;
     profile_from_environment();
 }
@@ -88,6 +97,7 @@ void read_environment(State& s) {
     const EnvConfig& c = env_config();
     if (c.check) s.check = *c.check;
     if (c.timeout) s.timeout = *c.timeout;
+    set_abort_record(c.abort_record);
 }
 
 }  // namespace detail

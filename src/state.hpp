@@ -4,6 +4,8 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <string>
+#include <string_view>
 
 namespace mpiml::detail {
 
@@ -23,6 +25,18 @@ State& state();
 
 /// Reads MPIML_* settings; throws mpiml::Error on a malformed value.
 void read_environment(State& s);
+
+/// Where abort lines are also appended (MPIML_ABORT_RECORD; failure.cpp).
+void set_abort_record(const std::string& path);
+/// Appends one line to the abort record, if there is one.
+void record_abort_line(std::string_view what);
+
+/// MPIML_INJECT: set up at initialization (inject.cpp); then each collective
+/// calls inject_on_collective while injecting() is true.
+void inject_setup();
+extern std::atomic<bool> injecting_flag;
+inline bool injecting() { return injecting_flag.load(std::memory_order_relaxed); }
+void inject_on_collective();
 
 /// Cleanup run before MPI_Finalize (attribute delete callback on MPI_COMM_SELF).
 void register_finalize_hook(void (*fn)());

@@ -48,6 +48,28 @@ int body(const std::string& mode, int faulty) {
         else mpiml::mpi_sum(1.0);
     }
     if (mode == "op") mpiml::mpi_op(1, me ? mpiml::Op::min : mpiml::Op::max);
+    // Ends while the other ranks go on to step(2): they wait for it there.
+    if (mode == "exit" && me) std::exit(3);
+    if (mode == "return" && me) return 0;
+    if (mode == "caught" && me) {
+        try {
+            throw std::runtime_error("handled by exiting");
+        } catch (const std::exception&) {
+            std::exit(4);
+        }
+    }
+    if (mode == "early_ok") {  // not a failure: the faulty rank ends first, the others work on
+        step(1);
+        if (me) return 0;
+        ::usleep(1500 * 1000);
+        const std::string path = "fault_child_early_ok." + std::to_string(rank);
+        if (FILE* f = std::fopen(path.c_str(), "w")) {
+            std::fprintf(f, "rank %d done\n", rank);
+            std::fclose(f);
+        }
+        return 0;
+    }
+    if (mode == "attempts" && rank == 0) std::printf("attempt=%d\n", mpiml::restart_attempt());
     if (mode == "session_unwind") {
         try {
             mpiml::Session s;
@@ -75,6 +97,10 @@ int main(int argc, char** argv) {
         use_run = true;
     }
     const int faulty = std::atoi(argv[2]);
+    if (mode == "fork_restarts") {  // mpi_fork onto 2 ranks with 2 restarts, then "attempts"
+        mpiml::mpi_fork(2, mpiml::ForkOptions{.restarts = 2, .backoff = 0.2});
+        mode = "attempts";
+    }
     if (mode == "after_finalize") {
         mpiml::ensure_initialized();
         mpiml::finalize();

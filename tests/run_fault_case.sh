@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # run_fault_case.sh <launcher> <flags> <prog> <np> <mode> <faulty-rank> <max-seconds> <regex> [extra args]
 # Passes when the job ends non-zero within max-seconds and its output matches regex.
+# With EXPECT_OK=1: when the job ends with status 0 and its output does NOT match regex.
 set -u
 launcher=$1 flags=$2 prog=$3 np=$4 mode=$5 faulty=$6 limit=$7 regex=$8
 shift 8
@@ -12,9 +13,14 @@ elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a 
 echo "$out" | grep -v '^\s*$' | head -40
 echo "---- mode=$mode np=$np faulty=$faulty exit=$rc elapsed=${elapsed}s (limit ${limit}s)"
 ok=1
-[ "$rc" -ne 0 ] || { echo "FAIL: job exited 0"; ok=0; }
 [ "$rc" -ne 124 ] || { echo "FAIL: job hung (killed by timeout)"; ok=0; }
 awk -v e="$elapsed" -v l="$limit" 'BEGIN { exit !(e <= l) }' || { echo "FAIL: took ${elapsed}s > ${limit}s"; ok=0; }
-grep -Eq -- "$regex" <<<"$out" || { echo "FAIL: output does not match /$regex/"; ok=0; }
+if [ "${EXPECT_OK:-0}" = 1 ]; then
+  [ "$rc" -eq 0 ] || { echo "FAIL: job exited $rc"; ok=0; }
+  ! grep -Eq -- "$regex" <<<"$out" || { echo "FAIL: output matches /$regex/"; ok=0; }
+else
+  [ "$rc" -ne 0 ] || { echo "FAIL: job exited 0"; ok=0; }
+  grep -Eq -- "$regex" <<<"$out" || { echo "FAIL: output does not match /$regex/"; ok=0; }
+fi
 [ $ok -eq 1 ] && echo "PASS" && exit 0
 exit 1

@@ -371,8 +371,9 @@ TEST(ShmAllreduce, SubCommunicator) {
     ForceShm on;
     MPI_Comm half;
     MPI_Comm_split(MPI_COMM_WORLD, rank() % 2, rank(), &half);
-    std::vector<int> x(100003, rank() + 1), ref(x.size());
-    MPI_Allreduce(x.data(), ref.data(), static_cast<int>(x.size()), MPI_INT, MPI_SUM, half);
+    int want = 0;  // ranks of this half (same parity) hold rank + 1
+    for (int r = rank() % 2; r < size(); r += 2) want += r + 1;
+    std::vector<int> x(100003, rank() + 1), ref(x.size(), want);
     mpiml::allreduce(x, Op::sum, half);
     EXPECT_TRUE(x == ref);
     MPI_Comm_free(&half);  // frees the communicator's shared context too
@@ -388,14 +389,17 @@ TEST(ShmAllreduce, FreedAndRecreatedCommunicators) {
         MPI_Comm_split(MPI_COMM_WORLD, color, rank(), &c);
         int n = 0;
         MPI_Comm_size(c, &n);
-        std::vector<int> x(1000 + round, rank() + 1), ref(x.size());
-        MPI_Allreduce(x.data(), ref.data(), static_cast<int>(x.size()), MPI_INT, MPI_SUM, c);
+        // Members: world ranks of this color; the root (rank 0 of c) is the lowest.
+        const int first = round % 2 == 0 ? rank() % 2 : 0, step = round % 2 == 0 ? 2 : 1;
+        int want = 0;
+        for (int r = first; r < size(); r += step) want += r + 1;
+        std::vector<int> x(1000 + round, rank() + 1), ref(x.size(), want);
         mpiml::allreduce(x, Op::sum, c);
         EXPECT_TRUE(x == ref) << "round " << round << ", communicator of " << n << " ranks";
         int crank = 0;
         MPI_Comm_rank(c, &crank);
-        std::vector<int> b(77, crank == 0 ? 1000 * rank() + round : -1), bref = b;
-        MPI_Bcast(bref.data(), static_cast<int>(bref.size()), MPI_INT, 0, c);
+        std::vector<int> b(77, crank == 0 ? 1000 * rank() + round : -1);
+        const std::vector<int> bref(77, 1000 * first + round);
         mpiml::broadcast(b, 0, c);
         EXPECT_TRUE(b == bref) << "round " << round;
         MPI_Comm_free(&c);
@@ -607,9 +611,11 @@ TEST(SharedBucket, OffModeAndUserOpGoThroughTheCore) {
         check(1);
         auto y = std::span<int>(static_cast<int*>(b.data()), 1000);
         for (std::size_t i = 0; i < y.size(); ++i) y[i] = value<int>(rank(), i, Op::max);
-        std::vector<int> ref(y.size());
-        MPI_Allreduce(y.data(), ref.data(), static_cast<int>(y.size()), MPI_INT, MPI_MAX,
-                      MPI_COMM_WORLD);
+        std::vector<int> ref(y.size());  // every rank's input, max taken here
+        for (std::size_t i = 0; i < y.size(); ++i) {
+            ref[i] = value<int>(0, i, Op::max);
+            for (int r = 1; r < size(); ++r) ref[i] = std::max(ref[i], value<int>(r, i, Op::max));
+        }
         b.allreduce(y.size(), MPI_INT, Op::max);
         EXPECT_TRUE(std::equal(ref.begin(), ref.end(), y.begin()));
     }

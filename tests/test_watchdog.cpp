@@ -59,20 +59,37 @@ TEST(Watchdog, DeadlineChangedWhileArmed) {
 }
 
 TEST(Watchdog, SettingsReadFromAnotherThread) {
-    // set_timeout/set_check on one thread, timeout()/check_enabled() on another.
-    std::atomic<bool> done{false};
-    std::thread reader([&] {
-        double sum = 0;
-        while (!done.load()) sum += mpiml::timeout() + (mpiml::check_enabled() ? 1 : 0);
-        EXPECT_GE(sum, 0.0);
-    });
+    // set_timeout/set_check on one thread, timeout()/check_enabled() on another:
+    // every value read is one that was written, and after the writer stops the
+    // reader sees its last values.
     const bool check = mpiml::check_enabled();
+    const double start = 20.0;
+    mpiml::set_timeout(start);
+    std::atomic<bool> done{false}, started{false};
+    long reads = 0, strays = 0;
+    double last_timeout = -1;
+    bool last_check = true;
+    std::thread reader([&] {
+        while (!done.load()) {
+            const double t = mpiml::timeout();
+            if (t != start && t != 10.0 && t != 11.0 && t != 12.0) ++strays;
+            ++reads;
+            started = true;
+        }
+        last_timeout = mpiml::timeout();
+        last_check = mpiml::check_enabled();
+    });
+    while (!started.load()) std::this_thread::yield();
     for (int i = 0; i < 1000; ++i) {
         mpiml::set_timeout(10.0 + i % 3);
         mpiml::set_check(i % 2 == 0);
     }
     done = true;
     reader.join();
+    EXPECT_GT(reads, 0);
+    EXPECT_EQ(strays, 0);
+    EXPECT_EQ(last_timeout, 10.0);  // i = 999: 10 + 999 % 3
+    EXPECT_FALSE(last_check);       // i = 999 is odd
     mpiml::set_check(check);
     mpiml::set_timeout(0);
     mpiml::barrier();

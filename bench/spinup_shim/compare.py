@@ -1,5 +1,7 @@
 #!/usr/bin/python3
-"""Spinning Up's own PPO (../shared/peers/spinup_ppo, unmodified) with its
+"""Spinning Up's own PPO (github.com/openai/spinningup at 038665d, unmodified,
+with its run_ppo.py runner: --peer, else $SPINUP_PPO_DIR, else
+../shared/peers/spinup_ppo beside the repository) with its
 MPI modules (mpi4py) and with mpiml's (through mpiml_spinup.py), at 1 and 2
 ranks, in one run: per-epoch wall time and returns side by side.
 
@@ -36,15 +38,16 @@ def epochs_of(progress):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--peer", default=os.path.join(os.path.dirname(ROOT), "shared", "peers",
-                                                   "spinup_ppo"))
+    ap.add_argument("--peer", default=os.environ.get("SPINUP_PPO_DIR") or
+                    os.path.join(os.path.dirname(ROOT), "shared", "peers", "spinup_ppo"))
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--env", default="CartPole-v1")
     ap.add_argument("--ranks", default="1,2")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
-    if not os.path.isdir(a.peer):
-        a.peer = "/work/shared/peers/spinup_ppo"
+    if not os.path.isfile(os.path.join(a.peer, "run_ppo.py")):
+        sys.exit("compare.py: no Spinning Up PPO (run_ppo.py) in %s; set SPINUP_PPO_DIR or --peer"
+                 % a.peer)
     out = a.out or tempfile.mkdtemp(prefix="spinup_compare_")
     os.makedirs(out, exist_ok=True)
     run_ppo = os.path.join(a.peer, "run_ppo.py")

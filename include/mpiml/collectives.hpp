@@ -10,6 +10,7 @@
 #include <mpiml/session.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <ranges>
 #include <span>
@@ -65,6 +66,21 @@ void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Co
 void allgather(const void* send, void* recv, std::size_t count, MPI_Datatype type,
                MPI_Comm comm, const char* call);
 void barrier(MPI_Comm comm, const char* call);
+
+/// Marks a collective that runs outside the core (the torch.distributed
+/// backend's agreement round around a core call) for the exit guard, so that
+/// a rank ending while this one waits there ends the job. kind: 1 allreduce,
+/// 2 broadcast, 3 allgather, 4 barrier, 5 any other collective.
+class ExitMark {
+public:
+    ExitMark(int kind, MPI_Comm comm, std::uint64_t seq);
+    ~ExitMark();
+    ExitMark(const ExitMark&) = delete;
+    ExitMark& operator=(const ExitMark&) = delete;
+
+private:
+    bool marked_ = false;
+};
 /// The MPI_Op mpiml hands to MPI for type: op.native(), or mpiml's own
 /// implementation for an integer sum/prod/min/max that this MPI library
 /// computes wrongly (probed once per process with MPI_Reduce_local).

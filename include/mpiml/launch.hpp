@@ -20,6 +20,23 @@ namespace mpiml {
 /// Throws mpiml::Error if n < 0 or no launcher is found.
 void mpi_fork(int n, bool bind_to_core = false);
 
+/// mpi_fork with automatic restarts: when the job fails (any rank's failure
+/// ends it: mpiml aborts, the launcher ends a killed rank's job), it is
+/// started again, up to `restarts` times, after `backoff` seconds (doubling
+/// each time), with one line naming what failed (rank, host, signal or
+/// status, from mpiml's abort record). The ranks see MPIML_ATTEMPT
+/// (restart_attempt()) and resume from their last checkpoint. When restarts
+/// run out, the process exits with the last attempt's status.
+struct ForkOptions {
+    bool bind_to_core = false;
+    int restarts = 0;
+    double backoff = 1.0;  ///< seconds before the first restart
+};
+void mpi_fork(int n, const ForkOptions& options);
+
+/// 0 on a job's first run, k on its k-th restart (MPIML_ATTEMPT).
+int restart_attempt();
+
 namespace detail {
 enum class LauncherKind { open_mpi, mpich, unknown };
 struct LaunchPlan {
@@ -30,6 +47,12 @@ struct LaunchPlan {
 };
 /// What mpi_fork would run (exposed for tests and dry runs).
 LaunchPlan plan_fork(int n, bool bind_to_core);
+/// The same for another program: program is its argv (path or name first).
+LaunchPlan plan_program(int n, bool bind_to_core, const std::vector<std::string>& program);
+/// Runs plan, then again after each failure, up to restarts times (see
+/// ForkOptions); `who` names the caller in its lines. Returns the last
+/// attempt's exit status.
+int run_with_restarts(const LaunchPlan& plan, int restarts, double backoff, const char* who);
 }  // namespace detail
 
 }  // namespace mpiml

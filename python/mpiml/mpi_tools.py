@@ -24,7 +24,7 @@ from . import _core
 from .errors import ArgumentError, DtypeError
 from . import runtime as _runtime  # noqa: F401  (installs the excepthooks)
 
-__all__ = ["mpi_fork", "msg", "pprint", "proc_id", "allreduce", "num_procs", "broadcast",
+__all__ = ["mpi_fork", "restart_attempt", "msg", "pprint", "proc_id", "allreduce", "num_procs", "broadcast",
            "mpi_op", "mpi_sum", "mpi_avg", "mpi_statistics_scalar", "barrier", "IN_PLACE",
            "SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"]
 
@@ -43,28 +43,38 @@ IN_PLACE = _InPlace()
 _LAUNCHED_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
 
 
-def mpi_fork(n, bind_to_core=False):
+def mpi_fork(n, bind_to_core=False, restarts=0, backoff=1.0):
     """Re-launches this Python program (same interpreter, same command line,
     byte for byte) on n MPI ranks and exits with the job's exit status.
     No-op when n <= 1, when IN_MPI is set, or when already started by an MPI
     launcher. The launcher is chosen by mpiml's C++ mpi_fork (MPIML_MPIRUN
-    overrides it; MPIML_MPIRUN_FLAGS adds flags)."""
+    overrides it; MPIML_MPIRUN_FLAGS adds flags).
+
+    restarts=k starts the job again after a failure, up to k times, after
+    backoff seconds (doubling), with one line naming what failed; the ranks
+    see restart_attempt() > 0 and resume from their last checkpoint."""
     if n <= 1 or os.environ.get("IN_MPI"):
         return
     if any(v in os.environ for v in _LAUNCHED_VARS):
         return
-    argv, env = _core.plan_fork(int(n), bool(bind_to_core))
+    if int(restarts) < 0:
+        raise ValueError("mpi_fork: restarts must be >= 0, got %r" % (restarts,))
     orig = list(getattr(sys, "orig_argv", [sys.executable] + sys.argv))
+    program = [sys.executable] + orig[1:]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if int(restarts) > 0:
+        sys.exit(_core.run_with_restarts(int(n), bool(bind_to_core), program, int(restarts),
+                                         float(backoff)))
+    argv, env = _core.plan_fork(int(n), bool(bind_to_core))
     # The plan ends with this process's own command line (/proc/self/cmdline).
-    program = len(argv) - len(orig)
-    argv = argv[:program] + [os.fsencode(sys.executable)] + [os.fsencode(a) for a in orig[1:]]
+    first = len(argv) - len(orig)
+    argv = argv[:first] + [os.fsencode(a) for a in program]
     child_env = {}
     for kv in env:
         k, _, v = kv.partition(b"=")
         child_env[k] = v
     import subprocess
-    sys.stdout.flush()
-    sys.stderr.flush()
     p = subprocess.Popen(argv, env=child_env)
     while True:
         try:
@@ -73,6 +83,12 @@ def mpi_fork(n, bind_to_core=False):
         except KeyboardInterrupt:
             continue  # the launcher got the Ctrl-C too and ends the ranks
     sys.exit(128 - rc if rc < 0 else rc)
+
+
+def restart_attempt():
+    """0 on a job's first run, k on its k-th restart by mpi_fork(n, restarts=...)
+    or mpiml-run (MPIML_ATTEMPT)."""
+    return _core.restart_attempt()
 
 
 def msg(m, string=""):

@@ -2,7 +2,8 @@
 // mpiml's core (allreduce, broadcast, allgather, barrier: shared-memory path,
 // fixed reduction order) and plain MPI for the rest (gather, scatter,
 // alltoall, send/recv). One worker thread per group runs the operations in
-// issue order; a watchdog thread ends the job when one outlives the timeout.
+// issue order (a spare takes over while it is held up in a future's
+// callbacks); a watchdog thread ends the job when one outlives the timeout.
 #include <mpiml/collectives.hpp>
 #include <mpiml/error.hpp>
 #include <mpiml/failure.hpp>
@@ -27,7 +28,9 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -241,11 +244,28 @@ private:
 // ------------------------------------------------------------ the group
 
 std::atomic<bool> g_check_default{true};
+std::atomic<bool> g_exiting{false};
+
+// The exit guard's kind of a c10d operation (mpiml::detail::ExitMark).
+int exit_kind(std::int64_t op) {
+    switch (static_cast<c10d::OpType>(op)) {
+        case c10d::OpType::ALLREDUCE:
+        case c10d::OpType::ALLREDUCE_COALESCED: return 1;
+        case c10d::OpType::BROADCAST: return 2;
+        case c10d::OpType::ALLGATHER:
+        case c10d::OpType::_ALLGATHER_BASE:
+        case c10d::OpType::ALLGATHER_COALESCED: return 3;
+        case c10d::OpType::BARRIER: return 4;
+        default: return 5;
+    }
+}
 
 class ProcessGroupMpiml;
 // Live groups, so that exit can drain their workers before MPI_Finalize.
 std::mutex g_groups_mutex;
 std::vector<ProcessGroupMpiml*> g_groups;
+// The group whose Works this thread is completing (running their callbacks).
+thread_local const ProcessGroupMpiml* t_completing = nullptr;
 
 // A signature every rank of a collective must agree on (kind, element
 // size/count, dtype, op or root); -1 entries are not compared.
@@ -314,8 +334,8 @@ public:
     MPI_Comm comm() const { return comm_; }
 
 private:
-    // An operation on the worker thread. A p2p op posts its request and
-    // returns it; the worker completes the Work when the request completes.
+    // An operation for the runner. A p2p op posts its request and returns
+    // it; the runner completes the Work when the request completes.
     struct Entry {
         std::string name;
         std::function<MPI_Request(MpimlWork&)> run;
@@ -336,14 +356,22 @@ private:
                                            std::vector<at::Tensor> outputs, Sig sig,
                                            std::function<MPI_Request(MpimlWork&)> run,
                                            bool collective = true);
-    void loop();
+    // A Work to complete, with its error if any.
+    struct Done {
+        c10::intrusive_ptr<MpimlWork> work;
+        std::exception_ptr ep;
+    };
+
+    void loop(bool runner);
+    bool complete_all(std::vector<Done>& done, std::unique_lock<std::mutex>& lock);
+    bool hand_off_locked();
     void watchdog_loop();
     void verify(const Entry& e);
     // verify's wait: polls before yielding, and how long it yields before napping.
     static constexpr int kSpinPolls = 200;
     static constexpr auto kYieldTime = std::chrono::microseconds(500);
-    void poll_pending(bool block_briefly);
-    void cancel_pending();
+    void poll_pending(bool block_briefly, std::vector<Done>& done);
+    void cancel_pending(std::vector<Done>& done);
     int check_root(const std::string& call, int64_t root) const;
     c10::intrusive_ptr<c10d::Work> p2p(std::vector<at::Tensor>& tensors, int peer, int tag,
                                        bool is_send, bool any_source);
@@ -355,13 +383,26 @@ private:
     double timeout_s_ = 0;
     bool check_ = true;
 
+    // Threads: one at a time holds the runner role: it runs the queue in
+    // issue order, polls pending_ and completes the Works. Completing a Work
+    // runs its future's callbacks (then(), DDP comm hooks) on that thread,
+    // and a callback may block: PowerSGD's issue a collective on this group
+    // and wait for it, which would wait behind them in the queue. So the role is given up around the callbacks; a
+    // collective issued from inside them, or work left waiting past a
+    // watchdog tick, hands it to a spare thread (started on first need), and
+    // the thread back from its callbacks becomes a spare if the role was taken.
     std::mutex m_;
-    std::condition_variable cv_;
+    std::condition_variable cv_;        // the runner: work queued, or stop
+    std::condition_variable spare_cv_;  // spares: the role is free and work waits
     std::deque<Entry> queue_;
     bool stop_ = false;
-    std::thread worker_;
+    bool runner_ = true;        // some thread holds the runner role
+    int idle_spares_ = 0;       // spares waiting on spare_cv_ (or starting)
+    std::uint64_t releases_ = 0;  // times the role was given up for callbacks
+    bool closed_ = false;       // shutdown joined every thread: start no more
+    std::vector<std::thread> threads_;
 
-    std::vector<Pending> pending_;  // worker thread only
+    std::vector<Pending> pending_;  // the runner only
 
     // The operation in flight, for the watchdog.
     std::mutex wm_;
@@ -453,23 +494,23 @@ ProcessGroupMpiml::ProcessGroupMpiml(int rank, int size, double timeout_s,
     check_ = g_check_default.load();
     if (const char* v = std::getenv("MPIML_C10D_CHECK"); v && *v) check_ = std::string(v) != "0";
 
-    worker_ = std::thread([this] { loop(); });
+    threads_.emplace_back([this] { loop(/*runner=*/true); });
     watchdog_ = std::thread([this] { watchdog_loop(); });
     std::lock_guard lock(g_groups_mutex);
     g_groups.push_back(this);
 }
 
-// Python exit: finish every group's queued work, stop its threads, then
-// finalize MPI if mpiml initialized it (which also stops mpiml's own
-// watchdog thread before static destructors run).
+// Python exit: finish every group's queued work and stop its threads. MPI is
+// finalized after the interpreter, by mpiml's exit handler (or by mpi4py's,
+// if it initialized MPI), which knows the exit status for the exit guard.
 void at_exit() {
+    g_exiting.store(true);
     std::vector<ProcessGroupMpiml*> groups;
     {
         std::lock_guard lock(g_groups_mutex);
         groups = g_groups;
     }
     for (auto* g : groups) g->shutdown();
-    if (mpiml::is_initialized() && !mpiml::is_finalized()) mpiml::finalize();
 }
 
 void ProcessGroupMpiml::shutdown() {
@@ -479,14 +520,31 @@ void ProcessGroupMpiml::shutdown() {
         stop_ = true;
     }
     cv_.notify_all();
-    if (worker_.joinable()) worker_.join();
+    spare_cv_.notify_all();
+    // A thread may start while others drain: join until none is left.
+    for (;;) {
+        std::vector<std::thread> ts;
+        {
+            std::lock_guard lock(m_);
+            ts.swap(threads_);
+            if (ts.empty()) {
+                closed_ = true;
+                break;
+            }
+        }
+        for (auto& t : ts) t.join();
+    }
     {
         std::lock_guard lock(wm_);
         wstop_ = true;
     }
     wcv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
-    if (comm_ != MPI_COMM_NULL && mpiml::is_initialized() && !mpiml::is_finalized())
+    // Not at exit: freeing a communicator can be collective (its shared-memory
+    // segment), and a peer may never come; MPI_Finalize, after the exit
+    // guard, releases it.
+    if (comm_ != MPI_COMM_NULL && !g_exiting.load() && mpiml::is_initialized() &&
+        !mpiml::is_finalized())
         MPI_Comm_free(&comm_);
     comm_ = MPI_COMM_NULL;
 }
@@ -506,9 +564,37 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::enqueue(
         std::lock_guard lock(m_);
         if (stop_) fail(name, "the process group has been shut down");
         queue_.push_back(Entry{std::move(name), std::move(run), work, sig, collective});
+        if (!runner_) {
+            // The runner is in callbacks. Issued from one of them (this
+            // thread), the op would wait behind the callback that waits for it.
+            if (t_completing == this && !hand_off_locked()) {
+                const std::string n = std::move(queue_.back().name);
+                queue_.pop_back();
+                fail(n, "issued from a future's callback, it needs a spare thread, which could "
+                        "not be started");
+            }
+            return work;
+        }
     }
     cv_.notify_one();
     return work;
+}
+
+// With m_ held: wakes a spare to take the free runner role, or starts one.
+// False if a thread could not be started.
+bool ProcessGroupMpiml::hand_off_locked() {
+    if (idle_spares_ > 0) {
+        spare_cv_.notify_one();
+    } else if (!closed_) {
+        ++idle_spares_;  // counted from its start, so that it is started once
+        try {
+            threads_.emplace_back([this] { loop(/*runner=*/false); });
+        } catch (const std::system_error&) {
+            --idle_spares_;
+            return false;
+        }
+    }
+    return true;
 }
 
 // Every rank agrees on the call's signature first, so that a mismatch (size,
@@ -564,7 +650,9 @@ void ProcessGroupMpiml::verify(const Entry& e) {
     fail(e.name, text + " (this rank is group rank " + std::to_string(rank_) + ")");
 }
 
-void ProcessGroupMpiml::poll_pending(bool block_briefly) {
+// Collects the finished requests' Works into done (completed by complete_all,
+// after this thread is done with pending_).
+void ProcessGroupMpiml::poll_pending(bool block_briefly, std::vector<Done>& done) {
     if (pending_.empty()) return;
     for (std::size_t i = 0; i < pending_.size();) {
         int flag = 0;
@@ -580,9 +668,8 @@ void ProcessGroupMpiml::poll_pending(bool block_briefly) {
             } catch (...) {
                 ep = std::current_exception();
             }
-            auto work = p.work;
+            done.push_back(Done{p.work, ep});
             pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-            work->complete(ep);
             continue;
         }
         ++i;
@@ -599,76 +686,122 @@ void ProcessGroupMpiml::poll_pending(bool block_briefly) {
 }
 
 // At shutdown: sends and receives that never matched end with an error.
-void ProcessGroupMpiml::cancel_pending() {
+void ProcessGroupMpiml::cancel_pending(std::vector<Done>& done) {
     for (auto& p : pending_) {
         MPI_Cancel(&p.req);
         MPI_Request_free(&p.req);
         try {
             fail(p.name, "the process group was shut down before it completed");
         } catch (...) {
-            p.work->complete(std::current_exception());
+            done.push_back(Done{p.work, std::current_exception()});
         }
     }
     pending_.clear();
 }
 
-void ProcessGroupMpiml::loop() {
-    // The worker's naps are 10-200 us; Linux's default timer slack (50 us)
+void ProcessGroupMpiml::loop(bool runner) {
+    // The runner's naps are 10-200 us; Linux's default timer slack (50 us)
     // would add most of that again to each.
     prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+    std::vector<Done> done;
+    std::unique_lock lock(m_);
     for (;;) {
-        Entry e;
-        {
-            std::unique_lock lock(m_);
-            if (pending_.empty()) {
-                cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-            } else if (queue_.empty() && !stop_) {
-                lock.unlock();
-                poll_pending(true);
-                continue;
+        if (!runner) {
+            // A spare: takes the role when it is free and work waits (or at stop).
+            spare_cv_.wait(lock, [&] {
+                return !runner_ && (stop_ || !queue_.empty() || !pending_.empty());
+            });
+            --idle_spares_;
+            runner_ = runner = true;
+        }
+        if (pending_.empty()) cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) {
+            if (stop_ && pending_.empty()) {
+                // Drained: the spares take the role in turn, find the same and end.
+                runner_ = false;
+                spare_cv_.notify_all();
+                return;
             }
-            if (queue_.empty()) {
-                if (stop_ && pending_.empty()) return;
-                if (stop_) {
-                    lock.unlock();
-                    cancel_pending();
-                }
-                continue;
-            }
-            e = std::move(queue_.front());
+            lock.unlock();
+            if (stop_)
+                cancel_pending(done);
+            else
+                poll_pending(true, done);
+        } else {
+            Entry e = std::move(queue_.front());
             queue_.pop_front();
+            lock.unlock();
+            {
+                std::lock_guard wl(wm_);
+                busy_ = true;
+                current_ = e.name;
+                started_ = Clock::now();
+                ++seq_;
+            }
+            std::exception_ptr ep;
+            MPI_Request req = MPI_REQUEST_NULL;
+            try {
+                // The agreement round runs outside the core: mark it for the exit guard.
+                std::optional<mpiml::detail::ExitMark> mark;
+                if (e.collective && size_ > 1) mark.emplace(exit_kind(e.sig.v[0]), comm_, seq_);
+                if (e.collective && check_ && size_ > 1) verify(e);
+                req = e.run(*e.work);
+            } catch (...) {
+                ep = std::current_exception();
+            }
+            {
+                std::lock_guard wl(wm_);
+                busy_ = false;
+            }
+            if (ep || req == MPI_REQUEST_NULL) done.push_back(Done{std::move(e.work), ep});
+            poll_pending(false, done);
         }
-        {
-            std::lock_guard lock(wm_);
-            busy_ = true;
-            current_ = e.name;
-            started_ = Clock::now();
-            ++seq_;
-        }
-        std::exception_ptr ep;
-        MPI_Request req = MPI_REQUEST_NULL;
-        try {
-            if (e.collective && check_ && size_ > 1) verify(e);
-            req = e.run(*e.work);
-        } catch (...) {
-            ep = std::current_exception();
-        }
-        {
-            std::lock_guard lock(wm_);
-            busy_ = false;
-        }
-        if (ep || req == MPI_REQUEST_NULL) {
-            e.work->complete(ep);
-        }
-        poll_pending(false);
+        runner = complete_all(done, lock);
     }
 }
 
+// Completes the Works in done (lock unlocked; returns it locked). Their
+// futures' callbacks run here with the runner role given up. Returns whether
+// this thread holds the role again; if a spare took it, this one is a spare.
+bool ProcessGroupMpiml::complete_all(std::vector<Done>& done, std::unique_lock<std::mutex>& lock) {
+    if (done.empty()) {
+        lock.lock();
+        return true;
+    }
+    lock.lock();
+    runner_ = false;
+    ++releases_;
+    lock.unlock();
+    const ProcessGroupMpiml* outer = t_completing;
+    t_completing = this;
+    for (auto& d : done) d.work->complete(d.ep);
+    t_completing = outer;
+    done.clear();
+    lock.lock();
+    if (runner_) {
+        ++idle_spares_;
+        return false;
+    }
+    runner_ = true;
+    return true;
+}
+
 void ProcessGroupMpiml::watchdog_loop() {
-    std::unique_lock lock(wm_);
+    std::uint64_t stuck_release = UINT64_MAX;
+    std::unique_lock lock(wm_);  // lock order: wm_, then m_
     while (!wstop_) {
         wcv_.wait_for(lock, std::chrono::milliseconds(100));
-        if (wstop_ || timeout_s_ <= 0) continue;
+        if (wstop_) continue;
+        {
+            // The role given up for callbacks that have not returned for a
+            // tick while work waits (say, a callback waits for an op issued
+            // before it ran): a spare takes over.
+            std::lock_guard ml(m_);
+            const bool stuck = !runner_ && (!queue_.empty() || !pending_.empty());
+            if (stuck && releases_ == stuck_release) hand_off_locked();
+            stuck_release = stuck ? releases_ : UINT64_MAX;
+        }
+        if (timeout_s_ <= 0) continue;
         const auto now = Clock::now();
         std::string what;
         double waited = 0;

@@ -482,4 +482,13 @@ PYBIND11_MODULE(_core, m) {
         for (const auto& e : plan.env) env.append(py::bytes(e));
         return py::make_tuple(argv, env);
     });
+    // mpi_fork with restarts: program is the command line to run on n ranks.
+    m.def("run_with_restarts", [](int n, bool bind_to_core, const std::vector<std::string>& program,
+                                  int restarts, double backoff) {
+        const auto plan = detail::plan_program(n, bind_to_core, program);
+        py::gil_scoped_release nogil;
+        return detail::run_with_restarts(plan, restarts, backoff, "mpi_fork");
+    });
+    m.def("restart_attempt", [] { return restart_attempt(); },
+          "0 on a job's first run, k on its k-th restart (MPIML_ATTEMPT)");
 }

@@ -2,6 +2,12 @@
 if(TARGET _c10d)
   mpiml_add_pytest(NAME pytest_c10d FILE tests/test_c10d.py RANKS 2 3 TIMEOUT 240 LABELS c10d)
   mpiml_add_pytest(NAME pytest_c10d_ddp FILE tests/test_c10d_ddp.py RANKS 2 3 TIMEOUT 240 LABELS c10d)
+  # DDP comm hooks (allreduce, fp16, PowerSGD) on "mpiml" vs Gloo. PowerSGD's
+  # future callbacks issue collectives and wait for them: run on the group's
+  # only worker thread, they hung it (ended by TIMEOUT; no op was in flight
+  # for the watchdog to see).
+  mpiml_add_pytest(NAME pytest_c10d_comm_hooks FILE tests/test_c10d_comm_hooks.py RANKS 2 3
+                   TIMEOUT 120 LABELS c10d)
 
   # A rank that never arrives: the watchdog must end the job naming the op.
   add_test(NAME c10d_timeout.np2

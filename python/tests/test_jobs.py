@@ -4,6 +4,7 @@ every rank, both import orders with mpi4py, mpi_fork end to end."""
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -272,3 +273,125 @@ def test_profile_of_a_torch_distributed_job_names_its_calls(tmp_path):
     assert calls.count("mpiml c10d all_reduce") == 3, calls
     assert calls.count("mpiml c10d reduce") == 3, calls
     assert calls.count("mpiml c10d broadcast") == 3, calls
+
+
+END = """
+    import sys, time
+    import numpy as np
+    import mpiml.mpi_tools as mt
+
+    def main():
+        r, n = mt.proc_id(), mt.num_procs()
+        mt.mpi_sum(np.ones(3))
+        if r == {faulty}:
+            if "{how}" == "exit":
+                sys.exit(3)
+            if "{how}" == "caught":
+                try:
+                    raise ValueError("handled by exiting")
+                except ValueError:
+                    sys.exit(4)
+            return  # "end": the script ends, status 0
+        mt.mpi_sum(np.ones(3))  # waits for the rank that ended
+
+    main()
+    """
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("how,status", [("exit", 3), ("end", 0), ("caught", 4)])
+def test_a_rank_that_ends_while_others_wait_ends_the_job(tmp_path, n, how, status):
+    faulty = n - 1 if how != "end" else 0
+    script = write(tmp_path, "end.py", END.format(faulty=faulty, how=how))
+    p, secs = run(mpirun(n, PY, script), timeout=60)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert secs < 20, (secs, out)  # without the exit guard: a hang until timeout=60
+    line = "[mpiml] rank %d/%d: exited with status %d (host " % (faulty, n, status)
+    assert line in out, out
+    assert re.search(r"while (rank \d+ waits|ranks [\d, ]+ wait) in allreduce #2 - aborting the job",
+                     out), out
+
+
+EARLY = """
+    import sys, time
+    import numpy as np
+    import mpiml.mpi_tools as mt
+    r = mt.proc_id()
+    mt.mpi_sum(np.ones(3))
+    if r != 0:
+        sys.exit(0)
+    time.sleep(1.5)  # rank 0 writes its results long after the others ended
+    with open({path!r}, "w") as f:
+        f.write("written by rank 0")
+    """
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_rank_that_ends_first_while_others_work_on_is_legal(tmp_path, n):
+    path = tmp_path / "results.txt"
+    script = write(tmp_path, "early.py", EARLY.format(path=str(path)))
+    p, secs = run(mpirun(n, PY, script), timeout=60)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert "aborting" not in out, out
+    assert path.read_text() == "written by rank 0"
+
+
+C10D_END = """
+    import sys
+    import torch
+    import torch.distributed as dist
+    import mpiml.torch
+    mpiml.torch.init_process_group()
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if dist.get_rank() == 1:
+        sys.exit(3)
+    dist.all_reduce(t)  # rank 0 waits for rank 1
+    """
+
+
+def test_torch_distributed_rank_that_exits_while_others_wait_ends_the_job(tmp_path):
+    if importlib.util.find_spec("mpiml._c10d") is None:
+        pytest.skip("mpiml was built without the torch.distributed backend")
+    script = write(tmp_path, "c10d_end.py", C10D_END)
+    p, secs = run(mpirun(2, PY, script), timeout=90)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert secs < 45, (secs, out)
+    assert re.search(r"\[mpiml\] rank 1/2: exited with status 3 \(host [^)]+\) while rank 0 waits in "
+                     r"allreduce #\d+ - aborting the job", out), out
+
+
+RESTART = """
+    import numpy as np
+    import mpiml.mpi_tools as mt
+    mt.mpi_fork(2, restarts=2, backoff=0.2)
+    attempt = mt.restart_attempt()
+    for _ in range(3):
+        mt.mpi_sum(np.ones(2))
+    if mt.proc_id() == 0:
+        print("attempt=%d" % attempt, flush=True)
+    """
+
+
+@pytest.mark.parametrize("inject,status", [("exit=3:1:2", 3), ("kill:0:2", None)])
+def test_mpi_fork_restarts_after_a_failure(tmp_path, inject, status):
+    script = write(tmp_path, "restart.py", RESTART)
+    t0 = time.monotonic()
+    p = subprocess.run([PY, script], capture_output=True, text=True, timeout=120,
+                       env=clean_env(MPIML_INJECT=inject))
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert time.monotonic() - t0 < 60, out
+    assert re.search(r"\[mpiml\] mpi_fork: attempt 1 of 3 failed with status %s \(rank \d/2 host "
+                     % (status if status is not None else r"\d+"), out), out
+    assert "attempt 2 of 3 failed" not in out, out
+    assert "attempt=1" in p.stdout, out
+
+
+def test_mpi_fork_restarts_argument_checked():
+    import mpiml.mpi_tools as mt
+    with pytest.raises(ValueError, match="restarts must be >= 0"):
+        mt.mpi_fork(2, restarts=-1)

@@ -135,19 +135,26 @@ TEST(EpochLogger, WritesSpinningUpProgressFileOnRank0) {
     }
 }
 
+// Each rank logs and saves its own rank, rank 0 first and the others after it:
+// a write by any other rank would replace rank 0's content.
 TEST(EpochLogger, OtherRanksWriteNothing) {
     const std::string dir = temp_dir("quiet");
-    {
+    const int rank = mpiml::proc_id();
+    const auto write = [&] {
         EpochLogger log(dir);
-        log.save_text("config.json", "{}\n");
-    }
+        log.log_tabular("Rank", static_cast<std::int64_t>(rank));
+        log.dump_tabular();
+        log.save_text("config.json", "{\"rank\": " + std::to_string(rank) + "}\n");
+    };
+    if (rank == 0) write();
     mpiml::barrier();
-    if (mpiml::proc_id() == 0) {
-        EXPECT_TRUE(std::filesystem::exists(dir + "/progress.txt"));
-        EXPECT_EQ(slurp(dir + "/config.json"), "{}\n");
-    }
+    if (rank != 0) write();
     mpiml::barrier();
-    if (mpiml::proc_id() == 0) std::filesystem::remove_all(dir);
+    if (rank == 0) {
+        EXPECT_EQ(slurp(dir + "/progress.txt"), "Rank\n0\n");
+        EXPECT_EQ(slurp(dir + "/config.json"), "{\"rank\": 0}\n");
+        std::filesystem::remove_all(dir);
+    }
 }
 
 TEST(ReadProgress, RejectsRaggedRows) {
