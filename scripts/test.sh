@@ -68,7 +68,7 @@ stage "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 asan=$root/build-asan
 if cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DMPIML_SANITIZE=ON -DMPIML_WITH_TORCH=OFF -DMPIML_WITH_PYTHON=OFF \
      -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF > "$asan-configure.log" 2>&1 &&
-   cmake --build "$asan" -j"$(nproc)" --target test_core test_stats test_errors test_profile test_shm profile_env_child check_profile > "$asan-build.log" 2>&1; then
+   cmake --build "$asan" -j"$(nproc)" --target test_core test_stats test_errors test_profile test_checkpoint test_shm profile_env_child check_profile > "$asan-build.log" 2>&1; then
   # Full stacks (the MPI libraries have no frame pointers) and loaded MCA
   # components, so that the suppressions can tell the MPI runtime's
   # allocations from mpiml's.
@@ -77,7 +77,7 @@ if cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DMPIML_SANITIZE=ON -DMP
   export LSAN_OPTIONS=suppressions=$root/tests/lsan.supp:print_suppressions=0:fast_unwind_on_malloc=0
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   log=$asan/ctest.log
-  ctest --test-dir "$asan" --output-on-failure -R "^test_(core|stats|errors|profile|shm\.np)" -j2 2>&1 | tee "$log" | tail -8
+  ctest --test-dir "$asan" --output-on-failure -R "^test_(core|stats|errors|profile|checkpoint|shm\.np)" -j2 2>&1 | tee "$log" | tail -8
   count "$log"
 else
   echo "sanitizer build FAILED"; tail -30 "$asan-configure.log" "$asan-build.log"; failed=$((failed + 1))
