@@ -111,6 +111,22 @@ if [ -x "$fc" ]; then
   fault_case rank_exits_on_h2 10 "rank 3/4: exited with status 3 \\(host h2\\) while (rank [0-2] waits|ranks [0-2, ]+ wait) in allreduce #2" exit 3
   fault_case rank_returns_on_h1 10 "rank 0/4: exited with status 0 \\(host h1\\) while (rank [1-3] waits|ranks [1-3, ]+ wait) in allreduce #2" return 0
   EXPECT_OK=1 fault_case rank_ends_first_on_h2 12 "aborting the job" early_ok 3
+  # h2 cut off mid-run under mpiml-run --min-ranks 2: the job restarts on h1 alone.
+  name=restart_without_h2
+  t0=$(date +%s.%N)
+  timeout 150 "$cl" exec h1 "$build/mpiml-run" --restarts 1 --backoff 0.5 --min-ranks 2 \
+    --hostfile "${MPIML_CLUSTER_DIR:-/run/mpiml-cluster}/hostfile" -np 4 "$fc" ticks 0 > "$log/fault.$name.log" 2>&1 &
+  job=$!
+  sleep 4
+  ip -n mpiml-h2 link set eth0 down
+  wait $job
+  rc=$?
+  ip -n mpiml-h2 link set eth0 up
+  grep -q "mpiml-run: attempt 1 of 2 failed" "$log/fault.$name.log" &&
+    grep -q "mpiml-run: leaving out h2 (cannot be reached); next attempt: 2 ranks on h1" "$log/fault.$name.log" &&
+    grep -q "^ticks done on 2 ranks, attempt 1$" "$log/fault.$name.log" || rc=1
+  hosts_empty >> "$log/fault.$name.log" || rc=1
+  result "fault.$name" $rc "($(secs "$t0") s)"
   # One rank a host: only the remote read (one-sided MPI) sees the waiting rank.
   fault_hosts="--host h1:1,h2:1" fault_np=2 fault_case rank_exits_alone_on_h2 10 "rank 1/2: exited with status 3 \\(host h2\\) while rank 0 waits in allreduce #2" exit 1
 fi

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -381,21 +382,93 @@ std::string trim(std::string s) {
 
 }  // namespace
 
-int run_with_restarts(const LaunchPlan& plan, int restarts, double backoff, const char* who) {
+std::vector<HostSlots> read_hostfile(const std::string& path, const char* call) {
+    std::ifstream f(path);
+    if (!f) fail(call, "cannot read the hostfile " + path);
+    std::vector<HostSlots> hosts;
+    for (std::string line; std::getline(f, line);) {
+        line = line.substr(0, line.find('#'));
+        std::stringstream ss(line);
+        std::string name;
+        if (!(ss >> name)) continue;
+        HostSlots h;
+        if (const auto c = name.find(':'); c != std::string::npos) {  // MPICH: host:slots
+            h.slots = std::atoi(name.c_str() + c + 1);
+            name.resize(c);
+        }
+        for (std::string w; ss >> w;)
+            if (w.rfind("slots=", 0) == 0) h.slots = std::atoi(w.c_str() + 6);
+        if (h.slots < 1) fail(call, "hostfile " + path + ": host " + name + " has no slots");
+        h.host = name;
+        hosts.push_back(h);
+    }
+    if (hosts.empty()) fail(call, "the hostfile " + path + " lists no host");
+    return hosts;
+}
+
+bool host_reachable(const LaunchPlan& plan, const std::string& host, double timeout) {
+    std::vector<std::string> argv{plan.launcher};
+    if (plan.kind == LauncherKind::mpich) {
+        argv.insert(argv.end(), {"-hosts", host, "-n", "1"});
+    } else {
+        argv.insert(argv.end(), {"--host", host, "-np", "1"});
+        if (::geteuid() == 0) argv.emplace_back("--allow-run-as-root");
+    }
+    argv.emplace_back("/bin/true");
+    auto a = c_strings(argv);
+    auto e = c_strings(const_cast<std::vector<std::string>&>(plan.env));
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    posix_spawnattr_t at;
+    posix_spawnattr_init(&at);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);  // its own group, to end it whole
+    pid_t pid = 0;
+    const int rc = posix_spawn(&pid, a[0], &fa, &at, a.data(), e.data());
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    if (rc != 0) return false;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+    int status = 0;
+    for (;;) {
+        const pid_t w = ::waitpid(pid, &status, WNOHANG);
+        if (w == pid) return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (w < 0 && errno != EINTR) return false;
+        if (std::chrono::steady_clock::now() > end) {
+            ::kill(-pid, SIGKILL);
+            while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+            }
+            return false;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+}
+
+int run_with_restarts(const LaunchPlan& initial, int restarts, double backoff, const char* who,
+                      const std::function<bool(LaunchPlan&)>& before_restart) {
+    LaunchPlan plan = initial;
     if (restarts < 0) fail(who, "restarts must be >= 0, got " + std::to_string(restarts));
     if (!(backoff >= 0) || backoff > 3600) fail(who, "backoff must be 0-3600 seconds");
     char dir[] = "/tmp/mpiml-run-XXXXXX";
     if (!::mkdtemp(dir)) fail(who, std::string("mkdtemp: ") + std::strerror(errno));
     const std::string record = std::string(dir) + "/abort-record";
-    std::vector<std::string> env;
-    for (const auto& kv : plan.env) {
-        const auto name = env_name(kv);
-        if (name != "MPIML_ATTEMPT" && name != "MPIML_ABORT_RECORD") env.push_back(kv);
-    }
-    std::vector<std::string> argv = plan.argv;
-    if (plan.kind == LauncherKind::open_mpi)  // to ranks on other hosts too
-        argv.insert(argv.begin() + 1, {"-x", "MPIML_ATTEMPT", "-x", "MPIML_ABORT_RECORD"});
-    env.push_back("MPIML_ABORT_RECORD=" + record);
+    auto env_of = [&](const LaunchPlan& p) {
+        std::vector<std::string> env;
+        for (const auto& kv : p.env) {
+            const auto name = env_name(kv);
+            if (name != "MPIML_ATTEMPT" && name != "MPIML_ABORT_RECORD") env.push_back(kv);
+        }
+        env.push_back("MPIML_ABORT_RECORD=" + record);
+        return env;
+    };
+    auto argv_of = [&](const LaunchPlan& p) {
+        std::vector<std::string> argv = p.argv;
+        if (p.kind == LauncherKind::open_mpi)  // to ranks on other hosts too
+            argv.insert(argv.begin() + 1, {"-x", "MPIML_ATTEMPT", "-x", "MPIML_ABORT_RECORD"});
+        return argv;
+    };
+    std::vector<std::string> env = env_of(plan), argv = argv_of(plan);
     // Ctrl-C or SIGTERM ends the job for good: no restart after it.
     interrupted = 0;
     struct sigaction sa {}, old_int{}, old_term{};
@@ -434,6 +507,11 @@ int run_with_restarts(const LaunchPlan& plan, int restarts, double backoff, cons
         std::this_thread::sleep_for(std::chrono::duration<double>(wait));
         wait *= 2;
         if (interrupted) break;
+        if (before_restart) {
+            if (!before_restart(plan)) break;
+            env = env_of(plan);
+            argv = argv_of(plan);
+        }
     }
     ::sigaction(SIGINT, &old_int, nullptr);
     ::sigaction(SIGTERM, &old_term, nullptr);

@@ -77,6 +77,16 @@ int body(const std::string& mode, int faulty) {
         }
         return 0;
     }
+    if (mode == "ticks") {  // every rank: 60 small allreduces 0.1 s apart, then one line
+        for (int i = 0; i < 60; ++i) {
+            step(4 + i);
+            ::usleep(100 * 1000);
+        }
+        if (rank == 0)
+            std::printf("ticks done on %d ranks, attempt %d\n", mpiml::num_procs(),
+                        mpiml::restart_attempt());
+        return 0;
+    }
     if (mode == "attempts" && rank == 0) std::printf("attempt=%d\n", mpiml::restart_attempt());
     if (mode == "session_unwind") {
         try {

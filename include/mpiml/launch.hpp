@@ -1,6 +1,7 @@
 // mpi_fork: re-launch the running program on n MPI ranks.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,7 +53,19 @@ LaunchPlan plan_program(int n, bool bind_to_core, const std::vector<std::string>
 /// Runs plan, then again after each failure, up to restarts times (see
 /// ForkOptions); `who` names the caller in its lines. Returns the last
 /// attempt's exit status.
-int run_with_restarts(const LaunchPlan& plan, int restarts, double backoff, const char* who);
+/// before_restart, when given, may change the plan before each restart (the
+/// hosts that can still be reached); returning false ends the restarts.
+int run_with_restarts(const LaunchPlan& plan, int restarts, double backoff, const char* who,
+                      const std::function<bool(LaunchPlan&)>& before_restart = {});
+
+/// A hostfile's hosts and slots (Open MPI "h slots=2" or MPICH "h:2" lines).
+struct HostSlots {
+    std::string host;
+    int slots = 1;
+};
+std::vector<HostSlots> read_hostfile(const std::string& path, const char* call);
+/// Whether the launcher can start a process on host (within timeout seconds).
+bool host_reachable(const LaunchPlan& plan, const std::string& host, double timeout);
 }  // namespace detail
 
 }  // namespace mpiml
