@@ -131,6 +131,20 @@ int main() {
         (void)mpiml::mpi_sum(1.0);
     }
     mpiml::profile_stop();
+    {
+        mpiml::Checkpointer ck(std::filesystem::path(dir_s) / "ckpt", {.keep = 1});
+        mpiml::CheckpointState st;
+        st.shared.put("x", 1.5).put_bytes("b", std::string("bytes"));
+        st.per_rank.put("rank", rank);
+        ck.save(1, st);
+        ck.save(2, st);
+        mpiml::CheckpointState in;
+        const auto r = ck.load_latest(in);
+        expect(r && r->step == 2 && r->world_size == n && in.shared.get<double>("x") == 1.5 &&
+                   in.per_rank.get<int>("rank") == rank && ck.steps() == std::vector<std::int64_t>{2},
+               "Checkpointer");
+        mpiml::Checkpointer::wait_for_removals();
+    }
     mpiml::barrier();
     if (rank == 0) std::filesystem::remove_all(dir);
 

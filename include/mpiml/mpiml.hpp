@@ -1,6 +1,7 @@
 // mpiml: MPI tools for data-parallel machine learning (everything but torch).
 #pragma once
 
+#include <mpiml/checkpoint.hpp>
 #include <mpiml/collectives.hpp>
 #include <mpiml/datatype.hpp>
 #include <mpiml/error.hpp>

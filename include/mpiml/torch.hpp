@@ -9,9 +9,13 @@
 //   optimizer.step();
 #pragma once
 
+#include <mpiml/checkpoint.hpp>
 #include <mpiml/session.hpp>
 
+#include <ATen/core/Generator.h>
 #include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
 #include <cstddef>
@@ -140,5 +144,90 @@ private:
 /// float16/bfloat16 are summed in float32; integer and bool tensors average
 /// to float64, like mpiml::mpi_avg of integers. Not tracked by autograd.
 torch::Tensor mpi_avg(const torch::Tensor& x, Comm comm = {});
+
+// ------------------------------------------------------------ checkpoints
+//
+// LibTorch state in an mpiml::Checkpointer's StateMap, serialized with
+// torch::save into memory:
+//
+//   st.shared.put("model", model).put("optimizer", optimizer);
+//   st.per_rank.put("torch_rng", at::detail::getDefaultCPUGenerator());
+//   ...
+//   st.shared.get("model", model);          // into an existing module / optimizer
+//   st.shared.get("optimizer", optimizer);  // over the same parameters
+//   auto t = st.shared.get<torch::Tensor>("ema");
+
+namespace detail {
+void checkpoint_encode(const torch::nn::Module& m, std::string& out);
+void checkpoint_decode(std::string_view in, torch::nn::Module& m);
+void checkpoint_encode(const torch::optim::Optimizer& o, std::string& out);
+void checkpoint_decode(std::string_view in, torch::optim::Optimizer& o);
+void checkpoint_encode(const torch::Tensor& t, std::string& out);
+void checkpoint_decode(std::string_view in, torch::Tensor& t);
+void checkpoint_encode(const std::vector<torch::Tensor>& t, std::string& out);
+void checkpoint_decode(std::string_view in, std::vector<torch::Tensor>& t);
+void checkpoint_encode(const at::Generator& g, std::string& out);
+void checkpoint_decode(std::string_view in, at::Generator& g);
+}  // namespace detail
+
+/// A module's parameters and buffers by name (kind "torch.module"); loads
+/// into a module of the same structure.
+template <class M>
+    requires std::derived_from<M, torch::nn::Module>
+struct CheckpointCodec<M> {
+    static std::string kind() { return "torch.module"; }
+    static void encode(const M& m, std::string& out) { detail::checkpoint_encode(m, out); }
+    static void decode(std::string_view in, M& m) { detail::checkpoint_decode(in, m); }
+};
+/// Module holders: torch::nn::Linear, TORCH_MODULE(Net) types.
+template <class H>
+    requires std::derived_from<H, torch::nn::ModuleHolder<typename H::ContainedType>>
+struct CheckpointCodec<H> {
+    static std::string kind() { return "torch.module"; }
+    static void encode(const H& m, std::string& out) { detail::checkpoint_encode(*m.ptr(), out); }
+    static void decode(std::string_view in, H& m) { detail::checkpoint_decode(in, *m.ptr()); }
+};
+template <class M>
+    requires std::derived_from<M, torch::nn::Module>
+struct CheckpointCodec<std::shared_ptr<M>> {
+    static std::string kind() { return "torch.module"; }
+    static void encode(const std::shared_ptr<M>& m, std::string& out) { detail::checkpoint_encode(*m, out); }
+    static void decode(std::string_view in, std::shared_ptr<M>& m) { detail::checkpoint_decode(in, *m); }
+};
+/// An optimizer's state (Adam's moments and step counts, param groups' options)
+/// (kind "torch.optimizer"); loads into an optimizer over the same parameters.
+template <class O>
+    requires std::derived_from<O, torch::optim::Optimizer>
+struct CheckpointCodec<O> {
+    static std::string kind() { return "torch.optimizer"; }
+    static void encode(const O& o, std::string& out) { detail::checkpoint_encode(o, out); }
+    static void decode(std::string_view in, O& o) { detail::checkpoint_decode(in, o); }
+};
+/// A tensor (kind "torch.tensor"), any dtype; loaded on the device it was saved from.
+template <>
+struct CheckpointCodec<torch::Tensor> {
+    static std::string kind() { return "torch.tensor"; }
+    static void encode(const torch::Tensor& t, std::string& out) { detail::checkpoint_encode(t, out); }
+    static void decode(std::string_view in, torch::Tensor& t) { detail::checkpoint_decode(in, t); }
+};
+/// A list of tensors (kind "torch.tensors").
+template <>
+struct CheckpointCodec<std::vector<torch::Tensor>> {
+    static std::string kind() { return "torch.tensors"; }
+    static void encode(const std::vector<torch::Tensor>& t, std::string& out) {
+        detail::checkpoint_encode(t, out);
+    }
+    static void decode(std::string_view in, std::vector<torch::Tensor>& t) {
+        detail::checkpoint_decode(in, t);
+    }
+};
+/// A random generator's state, e.g. at::detail::getDefaultCPUGenerator()
+/// (kind "torch.generator"); loading sets the state of the generator given.
+template <>
+struct CheckpointCodec<at::Generator> {
+    static std::string kind() { return "torch.generator"; }
+    static void encode(const at::Generator& g, std::string& out) { detail::checkpoint_encode(g, out); }
+    static void decode(std::string_view in, at::Generator& g) { detail::checkpoint_decode(in, g); }
+};
 
 }  // namespace mpiml

@@ -2,6 +2,7 @@
 
     from mpiml.mpi_tools import mpi_fork, mpi_avg, proc_id, mpi_statistics_scalar, num_procs
     from mpiml.mpi_pytorch import setup_pytorch_for_mpi, sync_params, mpi_avg_grads
+    from mpiml.checkpoint import save_checkpoint, load_checkpoint, capture_rng, restore_rng
 
 `mpiml` itself exposes both modules' functions. Importing mpiml does not
 import torch (mpiml.mpi_pytorch does) and does not initialize MPI: the first
@@ -9,10 +10,12 @@ call that needs MPI does (MPI_THREAD_MULTIPLE), unless mpi4py or another
 library initialized it first, in which case that library also finalizes it.
 """
 from . import errors
-from .errors import ArgumentError, DtypeError, Error, MPIError, NoSamplesError
+from .errors import ArgumentError, CheckpointError, DtypeError, Error, MPIError, NoSamplesError
 from . import mpi_tools
 from .mpi_tools import (IN_PLACE, allreduce, barrier, broadcast, mpi_avg, mpi_fork, mpi_op,
                         mpi_statistics_scalar, mpi_sum, msg, num_procs, pprint, proc_id)
+from . import checkpoint
+from .checkpoint import capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from .runtime import (check_enabled, profile_dir, profile_start, profile_stop, profiling, region,
                       set_check, set_timeout, timeout)
 

@@ -25,3 +25,12 @@ class NoSamplesError(ArgumentError):
 
 class MPIError(Error):
     """MPI itself reported an error (mpi_code is MPI's error code)."""
+
+
+class CheckpointError(Error, OSError):
+    """A checkpoint that could not be written or read: a full disk, an
+    unwritable directory, a corrupt checkpoint asked for by step. Raised on
+    every rank; errno is the system's error code (None when the data was
+    corrupt) and path the file or directory concerned."""
+
+    path = ""

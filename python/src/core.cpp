@@ -361,6 +361,10 @@ PyObject* fast_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObje
     return nullptr;
 }
 
+namespace mpiml::python {
+void register_checkpoint(py::module_& m);  // checkpoint.cpp
+}
+
 PYBIND11_MODULE(_core, m) {
     m.doc() = "mpiml core (C++): use mpiml.mpi_tools";
     if (_import_array() < 0) throw py::error_already_set();
@@ -371,6 +375,8 @@ PYBIND11_MODULE(_core, m) {
             translate(e);
         }
     });
+
+    mpiml::python::register_checkpoint(m);
 
     m.def("init", &ensure_initialized_py, "Initializes MPI (THREAD_MULTIPLE) unless already initialized.");
     m.def("is_initialized", [] { return is_initialized(); });
