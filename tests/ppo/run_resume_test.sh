@@ -7,12 +7,12 @@
 # count continues to the last epoch.
 #
 #   tests/ppo/run_resume_test.sh path/to/mpiml-ppo OUTDIR [CASE...]
-#   CASEs: kill2 segv2 kill3 torn ranks (default: all)
+#   CASEs: kill2 segv2 pend2 kill3 torn ranks (default: all)
 set -uo pipefail
 prog=$1
 out=$2
 shift 2
-cases=${*:-kill2 segv2 kill3 torn ranks}
+cases=${*:-kill2 segv2 pend2 kill3 torn ranks}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 unset MPIML_INJECT MPIML_ATTEMPT
@@ -20,7 +20,8 @@ rm -rf "$out"
 mkdir -p "$out"
 
 # Small epochs: 5 x 400 steps, 10 policy and 10 value steps each.
-args=(--env CartPole-v1 --seed 3 --steps 400 --train-pi-iters 10 --train-v-iters 10)
+# CartPole-v1 unless the case names another --env.
+args=(--seed 3 --steps 400 --train-pi-iters 10 --train-v-iters 10)
 failed=0
 fail() { echo "FAIL: $*"; failed=1; }
 
@@ -30,6 +31,7 @@ run() {
   local envs=()
   while [[ $1 != -- ]]; do envs+=("$1"); shift; done
   shift
+  [[ " $* " == *" --env "* ]] || set -- --env CartPole-v1 "$@"
   env "${envs[@]}" timeout 150 "$prog" "${args[@]}" --out "$out/$name" "$@" \
     > "$out/$name.log" 2>&1
   local rc=$?
@@ -85,6 +87,15 @@ if want segv2; then
     expect segv2 "MPIML_INJECT: segv" "the segfault was not injected"
     expect segv2 "resuming from .*\(epoch [0-9]" "the restart did not resume"
     same ref2 segv2
+  }
+fi
+
+# A Gaussian policy (its log_std is a parameter of the policy's Adam).
+if want pend2; then
+  run pend_ref -- --env Pendulum-v1 --cpu 2 --epochs 4 &&
+  run pend2 MPIML_INJECT=kill:1:100 -- --env Pendulum-v1 --cpu 2 --epochs 4 --restarts 1 && {
+    expect pend2 "resuming from .*\(epoch [0-9]" "the restart did not resume"
+    same pend_ref pend2
   }
 fi
 
