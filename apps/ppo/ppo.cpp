@@ -740,10 +740,11 @@ int PPO::run() {
     for (double s : times_.rollout) rollout_s += s;
     for (std::size_t k = 0; k < times_.policy.size(); ++k)
         update_s += times_.policy[k] + times_.value[k];
-    mpiml::pprint(fmt::format(
-        "{} env steps in {:.1f} s: {:.0f} steps/s; rank 0 spent {:.1f} s collecting "
-        "({:.0f} steps/s over all ranks) and {:.1f} s updating",
-        total_steps, wall, total_steps / wall, rollout_s, total_steps / rollout_s, update_s));
+    if (total_steps > 0)
+        mpiml::pprint(fmt::format(
+            "{} env steps in {:.1f} s: {:.0f} steps/s; rank 0 spent {:.1f} s collecting "
+            "({:.0f} steps/s over all ranks) and {:.1f} s updating",
+            total_steps, wall, total_steps / wall, rollout_s, total_steps / rollout_s, update_s));
     if (times_.epoch.size() > 1) {  // medians without the first epoch
         auto tail = [](const std::vector<double>& v) {
             return median(std::vector<double>(v.begin() + 1, v.end()));
