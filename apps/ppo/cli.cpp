@@ -85,6 +85,17 @@ CLI::Validator existing_folder() {
         "FOLDER");
 }
 
+CLI::Validator auto_or_folder() {
+    return CLI::Validator(
+        [](std::string& s) -> std::string {
+            if (s == "auto") return {};
+            std::string copy = s;
+            if (existing_folder()(copy).empty()) return {};
+            return "must be auto or an existing folder, got '" + s + "'";
+        },
+        "auto|FOLDER");
+}
+
 CLI::Validator ranks() {
     return CLI::Validator(
         [](std::string& s) -> std::string {

@@ -17,6 +17,8 @@ CLI::Validator number_in(double lo, double hi, bool lo_open = false, bool hi_ope
 CLI::Validator one_of(std::vector<std::string> names);
 /// An existing folder.
 CLI::Validator existing_folder();
+/// --resume: auto, or an existing folder.
+CLI::Validator auto_or_folder();
 /// --cpu: a whole number of at least 1, or auto.
 CLI::Validator ranks();
 

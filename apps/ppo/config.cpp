@@ -24,6 +24,7 @@ std::string to_json(const Config& c) {
     j["target_kl"] = c.target_kl;
     j["ac_kwargs"] = {{"hidden_sizes", c.hidden}, {"activation", c.activation}};
     j["save_freq"] = c.save_freq;
+    j["checkpoint_every"] = c.checkpoint_every;
     if (c.stop_at_return)
         j["stop_at_return"] = *c.stop_at_return;
     else
@@ -55,6 +56,7 @@ Config config_from_json(const std::string& text) {
     get("max_ep_len", c.max_ep_len);
     get("target_kl", c.target_kl);
     get("save_freq", c.save_freq);
+    get("checkpoint_every", c.checkpoint_every);
     get("output_dir", c.out);
     if (j.contains("stop_at_return") && !j["stop_at_return"].is_null()) {
         c.stop_at_return = j["stop_at_return"].get<double>();

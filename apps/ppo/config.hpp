@@ -29,6 +29,11 @@ struct Config {
     std::optional<double> stop_at_return;  ///< stop once AverageEpRet reaches it
     std::string out;  ///< output folder
     std::string profile;  ///< profile folder (mpiml::profile_start); empty: off
+    int checkpoint_every = 1;  ///< epochs between checkpoints in out/checkpoints; 0: none
+    /// "" (start fresh unless this is a restart), "auto" (the newest good
+    /// checkpoint in out/checkpoints, if any), or a checkpoints folder or one
+    /// checkpoint's step folder.
+    std::string resume;
     int num_procs = 1;  ///< filled in at run time
 };
 

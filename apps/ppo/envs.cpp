@@ -8,6 +8,16 @@
 
 namespace ppo {
 
+void Env::set_snapshot(const Snapshot& s) {
+    const std::size_t n = vars().size();
+    if (s.vars.size() != n)
+        throw std::invalid_argument(name() + ": a snapshot of " + std::to_string(s.vars.size()) +
+                                    " variables, expected " + std::to_string(n));
+    rng_ = s.rng;
+    t_ = s.t;
+    set_vars(s.vars);
+}
+
 // ------------------------------------------------------------------ CartPole
 
 std::vector<float> CartPole::reset() {

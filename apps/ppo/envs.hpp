@@ -3,6 +3,7 @@
 // dynamics, rewards and time limits.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -39,7 +40,22 @@ public:
     virtual StepResult step(const std::vector<float>& action) = 0;
     void seed(std::uint64_t s) { rng_.seed(s); }
 
+    /// Everything that carries over between steps (for checkpoints): the
+    /// random engine, the step count of the episode in progress and the
+    /// dynamics' variables. set_snapshot restores exactly what snapshot took.
+    struct Snapshot {
+        std::mt19937_64 rng;
+        int t = 0;
+        std::vector<double> vars;
+    };
+    Snapshot snapshot() const { return {rng_, t_, vars()}; }
+    /// Throws std::invalid_argument when vars has the wrong length.
+    void set_snapshot(const Snapshot& s);
+
 protected:
+    virtual std::vector<double> vars() const = 0;
+    virtual void set_vars(const std::vector<double>& v) = 0;
+
     std::mt19937_64 rng_{0};
     int t_ = 0;  ///< steps taken in the current episode
 };
@@ -68,6 +84,8 @@ public:
     const double* state() const { return s_; }
 
 private:
+    std::vector<double> vars() const override { return {s_, s_ + 4}; }
+    void set_vars(const std::vector<double>& v) override { std::copy(v.begin(), v.end(), s_); }
     std::vector<float> obs() const;
     double s_[4] = {0, 0, 0, 0};
 };
@@ -91,6 +109,8 @@ public:
     double theta_dot() const { return thdot_; }
 
 private:
+    std::vector<double> vars() const override { return {th_, thdot_}; }
+    void set_vars(const std::vector<double>& v) override { set_state(v[0], v[1]); }
     std::vector<float> obs() const;
     double th_ = 0.0, thdot_ = 0.0;
 };
@@ -119,6 +139,8 @@ public:
     const double* state() const { return s_; }
 
 private:
+    std::vector<double> vars() const override { return {s_, s_ + 4}; }
+    void set_vars(const std::vector<double>& v) override { std::copy(v.begin(), v.end(), s_); }
     std::vector<float> obs() const;
     double s_[4] = {0, 0, 0, 0};
 };
@@ -144,6 +166,8 @@ public:
     double velocity() const { return vel_; }
 
 private:
+    std::vector<double> vars() const override { return {pos_, vel_}; }
+    void set_vars(const std::vector<double>& v) override { set_state(v[0], v[1]); }
     double pos_ = 0.0, vel_ = 0.0;
 };
 

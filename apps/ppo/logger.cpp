@@ -27,6 +27,13 @@ int Progress::column(std::string_view name) const {
 Progress read_progress(const std::string& path) {
     std::ifstream in(path);
     if (!in) throw std::runtime_error("cannot open " + path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return parse_progress(text.str(), path);
+}
+
+Progress parse_progress(const std::string& text, const std::string& path) {
+    std::istringstream in(text);
     Progress p;
     std::string line;
     auto split = [](const std::string& s) {
@@ -73,13 +80,27 @@ std::string format_value(double v, bool integral) {
     return s;
 }
 
-EpochLogger::EpochLogger(const std::string& output_dir, const std::string& file_name)
+EpochLogger::EpochLogger(const std::string& output_dir, const std::string& file_name,
+                         const std::string& resumed_text)
     : dir_(output_dir) {
     writer_ = !dir_.empty() && mpiml::proc_id() == 0;
+    if (!resumed_text.empty()) {
+        progress_ = parse_progress(resumed_text, file_name + " in the checkpoint");
+        text_ = resumed_text;
+    }
     if (writer_) {
         std::filesystem::create_directories(dir_);
         const auto path = std::filesystem::path(dir_) / file_name;
-        file_.open(path);
+        if (!text_.empty()) {
+            auto tmp = path;
+            tmp += ".tmp";
+            std::ofstream out(tmp, std::ios::trunc);
+            out << text_;
+            out.close();
+            if (!out) throw std::runtime_error("cannot write " + tmp.string());
+            std::filesystem::rename(tmp, path);  // the old rows, never half a file
+        }
+        file_.open(path, text_.empty() ? std::ios::trunc : std::ios::app);
         if (!file_) throw std::runtime_error("cannot write " + path.string());
     }
 }
@@ -143,14 +164,16 @@ void EpochLogger::dump_tabular() {
         line += it == current_.end() ? "" : format_value(v.v, v.integral);
     }
     progress_.rows.push_back(std::move(row));
+    std::string header;
+    if (first) {
+        for (std::size_t i = 0; i < progress_.headers.size(); ++i)
+            header += (i ? "\t" : "") + progress_.headers[i];
+        header += '\n';
+    }
+    line += '\n';
+    text_ += header + line;
     if (writer_) {
-        if (first) {
-            std::string header;
-            for (std::size_t i = 0; i < progress_.headers.size(); ++i)
-                header += (i ? "\t" : "") + progress_.headers[i];
-            file_ << header << '\n';
-        }
-        file_ << line << '\n';
+        file_ << header << line;
         file_.flush();
     }
     current_.clear();

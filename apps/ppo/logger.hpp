@@ -24,13 +24,21 @@ struct Progress {
 /// Parses a progress.txt ("nan" and empty fields read as NaN). Throws
 /// std::runtime_error on a missing file or a row of the wrong width.
 Progress read_progress(const std::string& path);
+/// The same from the file's text; name appears in errors.
+Progress parse_progress(const std::string& text, const std::string& name);
 
 class EpochLogger {
 public:
     /// output_dir empty: nothing is written. Only rank 0 creates the folder
     /// and the file; call after MPI is running.
+    ///
+    /// resumed_text (a run continued from a checkpoint): text() as it was at
+    /// the checkpoint. The epochs in it count as dumped, and rank 0 replaces
+    /// the file by it (a new file renamed over the old one: rows written
+    /// after the checkpoint are dropped) and appends from there.
     explicit EpochLogger(const std::string& output_dir,
-                         const std::string& file_name = "progress.txt");
+                         const std::string& file_name = "progress.txt",
+                         const std::string& resumed_text = {});
 
     /// Appends samples of key for this epoch (local to this rank).
     void store(const std::string& key, double value);
@@ -59,6 +67,8 @@ public:
 
     /// Every epoch dumped so far (kept on every rank).
     const Progress& progress() const { return progress_; }
+    /// The file's text so far: the header and every row dumped (on every rank).
+    const std::string& text() const { return text_; }
     const std::string& output_dir() const { return dir_; }
 
 private:
@@ -75,6 +85,7 @@ private:
     std::vector<std::string> current_keys_;
     std::map<std::string, Value> current_;
     Progress progress_;
+    std::string text_;
 };
 
 /// Formats a number as Python's str() does for the logged value (so files

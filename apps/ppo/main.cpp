@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
     std::string plot_dir;
     bool bind_to_core = false;
     std::string cpu_arg = "1";
+    int restarts = 0;
 
     CLI::App app{
         "mpiml-ppo: Proximal Policy Optimization (PPO-clip with GAE-lambda), data-parallel\n"
@@ -116,6 +117,24 @@ int main(int argc, char** argv) {
                    "Save the policy every this many epochs (and at the end)")
         ->check(cli::whole_at_least(1))
         ->capture_default_str();
+    app.add_option("--checkpoint-every", cfg.checkpoint_every,
+                   "Checkpoint every this many epochs (and at the end) into "
+                   "<out>/checkpoints, keeping the newest 3; 0: never. Everything needed to "
+                   "continue exactly: networks, optimizers, every rank's environment and "
+                   "random state, the rows of progress.txt")
+        ->check(cli::whole_at_least(0))
+        ->capture_default_str();
+    app.add_option("--resume", cfg.resume,
+                   "auto: continue from the newest good checkpoint in <out>/checkpoints "
+                   "(start fresh if there is none); or a checkpoints folder or one of its "
+                   "step-* folders. Without it a run starts fresh and deletes "
+                   "<out>/checkpoints, except on a restart (--restarts), which always resumes")
+        ->check(cli::auto_or_folder());
+    app.add_option("--restarts", restarts,
+                   "With --cpu N > 1: start the job again, up to this many times, when a rank "
+                   "fails; it resumes from its last checkpoint")
+        ->check(cli::whole_at_least(0))
+        ->capture_default_str();
     app.add_option("--stop-at-return", cfg.stop_at_return,
                    "Stop after the first epoch whose AverageEpRet reaches this value")
         ->check(cli::number_in(-HUGE_VAL, HUGE_VAL));
@@ -165,7 +184,12 @@ int main(int argc, char** argv) {
 
     cfg.cpu = cpu_arg == "auto" ? cli::node_cores() : std::stoi(cpu_arg);
     if (cfg.out.empty()) cfg.out = fmt::format("out/{}-{}-s{}", cfg.algo, cfg.env, cfg.seed);
+    if (restarts > 0 && cfg.cpu <= 1) {
+        std::cerr << "mpiml-ppo: --restarts needs --cpu 2 or more (for one rank, run it under "
+                     "mpiml-run --restarts K -np 1)\nRun with --help for every flag.\n";
+        return 2;
+    }
     // Re-launch under mpirun with cfg.cpu ranks; in the children this returns.
-    mpiml::mpi_fork(cfg.cpu, bind_to_core);
+    mpiml::mpi_fork(cfg.cpu, mpiml::ForkOptions{.bind_to_core = bind_to_core, .restarts = restarts});
     return mpiml::run(argc, argv, [&](int, char**) { return ppo::train(cfg); });
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
 // The elementwise loops get an AVX2+FMA clone beside the baseline one.
 #define PPO_SIMD __attribute__((target_clones("avx512f", "arch=haswell", "default")))
@@ -146,6 +147,20 @@ Adam::Adam(std::vector<Param> params, double lr, double beta1, double beta2, dou
         m_.emplace_back(p.n, 0.0f);
         v_.emplace_back(p.n, 0.0f);
     }
+}
+
+void Adam::set_state(const State& s) {
+    if (s.m.size() != params_.size() || s.v.size() != params_.size())
+        throw std::invalid_argument("Adam::set_state: " + std::to_string(s.m.size()) +
+                                    " parameters, this optimizer has " +
+                                    std::to_string(params_.size()));
+    for (std::size_t k = 0; k < params_.size(); ++k)
+        if (s.m[k].size() != params_[k].n || s.v[k].size() != params_[k].n)
+            throw std::invalid_argument("Adam::set_state: parameter " + std::to_string(k) +
+                                        " has another size");
+    t_ = s.t;
+    m_ = s.m;
+    v_ = s.v;
 }
 
 namespace {

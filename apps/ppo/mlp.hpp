@@ -69,6 +69,16 @@ public:
          double eps = 1e-8);
     void step();
 
+    /// What carries over between steps (for checkpoints): the step count and
+    /// both moments of every parameter, in the constructor's order.
+    struct State {
+        long t = 0;
+        std::vector<std::vector<float>> m, v;
+    };
+    State state() const { return {t_, m_, v_}; }
+    /// Throws std::invalid_argument when the shapes differ from this optimizer's.
+    void set_state(const State& s);
+
 private:
     std::vector<Param> params_;
     std::vector<std::vector<float>> m_, v_;

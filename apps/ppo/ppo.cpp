@@ -8,7 +8,9 @@
 #include "mlp.hpp"
 #include "plot.hpp"
 
+#include <mpiml/checkpoint.hpp>
 #include <mpiml/collectives.hpp>
+#include <mpiml/launch.hpp>
 #include <mpiml/print.hpp>
 #include <mpiml/profile.hpp>
 #include <mpiml/session.hpp>
@@ -16,6 +18,7 @@
 #include <mpiml/torch.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -343,14 +346,26 @@ double median(std::vector<double> v) {
     return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
+/// A checkpoint to continue from, loaded on every rank.
+struct Resumed {
+    mpiml::CheckpointState state;
+    mpiml::CheckpointInfo info;
+};
+
 /// Data-parallel PPO on this rank: rollout, update and logging of one epoch.
 class PPO {
 public:
-    explicit PPO(Config cfg);
+    /// ck: where to save checkpoints (none: no checkpoints); resumed: where to continue from.
+    PPO(Config cfg, std::optional<mpiml::Checkpointer> ck, const Resumed* resumed);
     /// Trains for cfg.epochs (or until --stop-at-return); returns 0.
     int run();
 
 private:
+    /// Continues from a checkpoint: the shared state, and this rank's own if
+    /// the saving run had this rank (returns whether it had).
+    bool restore(const Resumed& r);
+    /// Collective: checkpoint `epoch` (its row is dumped already).
+    void save_checkpoint(int epoch, bool stopped);
     void rollout();
     void update();
     /// Logs the epoch's rollout statistics; returns whether to stop (rank 0's decision).
@@ -360,6 +375,10 @@ private:
     Config cfg_;
     bool vpg_;  ///< Spinning Up's VPG instead of PPO
     int rank_;
+    std::optional<mpiml::Checkpointer> ck_;
+    mpiml::CheckpointState ck_state_;  ///< kept from save to save (its buffers are reused)
+    int start_epoch_ = 0;
+    double time_offset_ = 0;  ///< seconds of training before the checkpoint resumed from
     std::unique_ptr<Env> env_;
     EpochLogger logger_;
     ActorCritic ac_{nullptr};
@@ -386,6 +405,7 @@ private:
     struct Times {
         std::vector<double> epoch, rollout, policy, value;
         std::vector<double> update_flops;  ///< matrix products of the update
+        std::vector<double> checkpoint;    ///< saves
     } times_;
 };
 
@@ -405,12 +425,51 @@ std::uint64_t rank_seed(const Config& cfg, int rank) {
     return static_cast<std::uint64_t>(cfg.seed) + 10000u * rank;  // each rank explores differently
 }
 
-PPO::PPO(Config cfg)
+std::string resumed_progress(const Resumed* r) {
+    return r ? r->state.shared.get<std::string>("progress") : std::string();
+}
+
+std::vector<float> values_of(const Tensor& t) {
+    const float* p = t.data_ptr<float>();
+    return {p, p + t.numel()};
+}
+
+void put_adam(mpiml::StateMap& m, const std::string& name, const Adam::State& a) {
+    std::vector<float> flat;
+    m.put(name + "/t", static_cast<std::int64_t>(a.t));
+    for (const auto* moments : {&a.m, &a.v}) {
+        flat.clear();
+        for (const auto& x : *moments) flat.insert(flat.end(), x.begin(), x.end());
+        m.put(name + (moments == &a.m ? "/m" : "/v"), flat);
+    }
+}
+
+void get_adam(const mpiml::StateMap& m, const std::string& name, Adam& opt) {
+    Adam::State a = opt.state();  // for the shapes
+    a.t = static_cast<long>(m.get<std::int64_t>(name + "/t"));
+    for (auto* moments : {&a.m, &a.v}) {
+        const auto flat = m.get<std::vector<float>>(name + (moments == &a.m ? "/m" : "/v"));
+        std::size_t at = 0;
+        for (auto& x : *moments) {
+            if (at + x.size() > flat.size()) break;
+            std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(at), x.size(), x.begin());
+            at += x.size();
+        }
+        if (at != flat.size() || moments->empty() != flat.empty())
+            throw std::runtime_error("the checkpoint's " + name + " has " +
+                                     std::to_string(flat.size()) +
+                                     " values per moment, which do not fit this network");
+    }
+    opt.set_state(a);
+}
+
+PPO::PPO(Config cfg, std::optional<mpiml::Checkpointer> ck, const Resumed* resumed)
     : cfg_(std::move(cfg)),
       vpg_(cfg_.algo == "vpg"),
       rank_(mpiml::proc_id()),
+      ck_(std::move(ck)),
       env_(seeded_env(cfg_, rank_seed(cfg_, rank_))),
-      logger_(cfg_.out),
+      logger_(cfg_.out, "progress.txt", resumed_progress(resumed)),
       local_steps_(local_steps_of(cfg_)),
       buf_(env_->obs_dim(), env_->action_space().discrete ? 1 : env_->action_space().dim,
            local_steps_, cfg_.gamma, cfg_.lam),
@@ -430,6 +489,8 @@ PPO::PPO(Config cfg)
     kl_slot_ = kl.mutable_grad().data_ptr<float>();
     pi_and_kl_.push_back(kl);
     vf_opt_.emplace(adam_over(*ac_->v, cfg_.vf_lr));
+    const bool had_rank = resumed && restore(*resumed);
+    if (!had_rank) o_ = env_->reset();
 
     int64_t n_params = 0;
     for (const auto& p : ac_->parameters()) n_params += p.numel();
@@ -437,6 +498,85 @@ PPO::PPO(Config cfg)
                               vpg_ ? "VPG" : "PPO", cfg_.env,
                               cfg_.num_procs, cfg_.num_procs == 1 ? "" : "s", n_params,
                               cfg_.out.empty() ? "(none)" : cfg_.out));
+    if (resumed)
+        mpiml::pprint(fmt::format(
+            "mpiml-ppo: resuming from {} (epoch {}, saved by {} rank{}){}",
+            resumed->info.path.string(), resumed->info.step, resumed->info.world_size,
+            resumed->info.world_size == 1 ? "" : "s",
+            resumed->info.world_size + 1 == cfg_.num_procs
+                ? fmt::format("; rank {} starts its environment afresh from the seed",
+                              resumed->info.world_size)
+            : resumed->info.world_size < cfg_.num_procs
+                ? fmt::format("; ranks {} to {} start their environments afresh from the seed",
+                              resumed->info.world_size, cfg_.num_procs - 1)
+                : ""));
+}
+
+bool PPO::restore(const Resumed& r) {
+    const auto& sh = r.state.shared;
+    // The networks must have the same shapes; other settings may change.
+    const Config saved = config_from_json(sh.get<std::string>("config"));
+    if (saved.env != cfg_.env || saved.algo != cfg_.algo || saved.hidden != cfg_.hidden ||
+        saved.activation != cfg_.activation)
+        throw std::runtime_error(fmt::format(
+            "mpiml-ppo: cannot resume from {}: it was saved by a run of --algo {} --env {} "
+            "--hidden {} --activation {}; this run has --algo {} --env {} --hidden {} "
+            "--activation {}",
+            r.info.path.string(), saved.algo, saved.env, fmt::join(saved.hidden, ","),
+            saved.activation, cfg_.algo, cfg_.env, fmt::join(cfg_.hidden, ","), cfg_.activation));
+    // Into the parameters' own storage: the kernels (Nets) and optimizers point at it.
+    for (auto& p : ac_->named_parameters()) {
+        const auto v = sh.get<std::vector<float>>("param/" + p.key());
+        if (static_cast<int64_t>(v.size()) != p.value().numel())
+            throw std::runtime_error("the checkpoint's parameter " + p.key() + " has " +
+                                     std::to_string(v.size()) + " values, this network " +
+                                     std::to_string(p.value().numel()));
+        std::copy(v.begin(), v.end(), p.value().data_ptr<float>());
+    }
+    get_adam(sh, "pi_opt", *pi_opt_);
+    get_adam(sh, "vf_opt", *vf_opt_);
+    start_epoch_ = sh.get<bool>("stopped") ? cfg_.epochs
+                                           : static_cast<int>(sh.get<std::int64_t>("epoch")) + 1;
+    time_offset_ = sh.get<double>("time");
+
+    const auto& pr = r.state.per_rank;
+    if (!pr.contains("rng")) return false;  // a rank the saving run did not have
+    pr.get("rng", rng_);
+    Env::Snapshot snap;
+    pr.get("env/rng", snap.rng);
+    pr.get("env/t", snap.t);
+    pr.get("env/vars", snap.vars);
+    env_->set_snapshot(snap);
+    pr.get("obs", o_);
+    pr.get("ep_ret", ep_ret_);
+    pr.get("ep_len", ep_len_);
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    pr.get("torch_rng", gen);
+    return true;
+}
+
+void PPO::save_checkpoint(int epoch, bool stopped) {
+    mpiml::Region region("checkpoint");
+    const auto t0 = clock::now();
+    auto& sh = ck_state_.shared;
+    sh.put("epoch", static_cast<std::int64_t>(epoch));
+    sh.put("stopped", stopped);
+    sh.put("time", time_offset_ + seconds_since(start_));
+    sh.put("config", to_json(cfg_));
+    sh.put("progress", logger_.text());
+    for (const auto& p : ac_->named_parameters()) sh.put("param/" + p.key(), values_of(p.value()));
+    put_adam(sh, "pi_opt", pi_opt_->state());
+    put_adam(sh, "vf_opt", vf_opt_->state());
+
+    auto& pr = ck_state_.per_rank;
+    pr.put("rng", rng_);
+    const Env::Snapshot snap = env_->snapshot();
+    pr.put("env/rng", snap.rng).put("env/t", snap.t).put("env/vars", snap.vars);
+    pr.put("obs", o_).put("ep_ret", ep_ret_).put("ep_len", ep_len_);
+    pr.put("torch_rng", at::detail::getDefaultCPUGenerator());
+    ck_state_.metadata["program"] = "mpiml-ppo";
+    ck_->save(epoch, ck_state_);
+    times_.checkpoint.push_back(seconds_since(t0));
 }
 
 void PPO::rollout() {
@@ -564,7 +704,7 @@ void PPO::log_update(clock::time_point epoch_start, int64_t steps_done) {
     if (!vpg_)
         for (const char* key : {"ClipFrac", "StopIter"})
             logger_.log_tabular_stats(key, false, true);
-    logger_.log_tabular("Time", seconds_since(start_));
+    logger_.log_tabular("Time", time_offset_ + seconds_since(start_));
     mpiml::pprint(table_row(logger_, static_cast<double>(steps_done) / seconds_since(epoch_start),
                             vpg_));
     logger_.dump_tabular();
@@ -572,11 +712,10 @@ void PPO::log_update(clock::time_point epoch_start, int64_t steps_done) {
 
 int PPO::run() {
     start_ = clock::now();
-    o_ = env_->reset();
     mpiml::pprint(table_header(vpg_));
     int64_t total_steps = 0;
     const int64_t steps_done = static_cast<int64_t>(local_steps_) * cfg_.num_procs;
-    for (int epoch = 0; epoch < cfg_.epochs; ++epoch) {
+    for (int epoch = start_epoch_; epoch < cfg_.epochs; ++epoch) {
         mpiml::Region epoch_region("epoch");
         const auto epoch_start = clock::now();
         rollout();
@@ -586,21 +725,26 @@ int PPO::run() {
         total_steps += steps_done;
         log_update(epoch_start, steps_done);
         times_.epoch.push_back(seconds_since(epoch_start));
+        if (ck_ && ((epoch + 1) % cfg_.checkpoint_every == 0 || stop || epoch == cfg_.epochs - 1))
+            save_checkpoint(epoch, stop);
         if (stop) {
             mpiml::pprint(fmt::format("Reached AverageEpRet >= {} in epoch {}; stopping.",
                                       *cfg_.stop_at_return, epoch));
             break;
         }
     }
+    if (total_steps == 0)
+        mpiml::pprint("mpiml-ppo: nothing to train: the checkpoint resumed from ends the run");
     const double wall = seconds_since(start_);
     double rollout_s = 0, update_s = 0;
     for (double s : times_.rollout) rollout_s += s;
     for (std::size_t k = 0; k < times_.policy.size(); ++k)
         update_s += times_.policy[k] + times_.value[k];
-    mpiml::pprint(fmt::format(
-        "{} env steps in {:.1f} s: {:.0f} steps/s; rank 0 spent {:.1f} s collecting "
-        "({:.0f} steps/s over all ranks) and {:.1f} s updating",
-        total_steps, wall, total_steps / wall, rollout_s, total_steps / rollout_s, update_s));
+    if (total_steps > 0)
+        mpiml::pprint(fmt::format(
+            "{} env steps in {:.1f} s: {:.0f} steps/s; rank 0 spent {:.1f} s collecting "
+            "({:.0f} steps/s over all ranks) and {:.1f} s updating",
+            total_steps, wall, total_steps / wall, rollout_s, total_steps / rollout_s, update_s));
     if (times_.epoch.size() > 1) {  // medians without the first epoch
         auto tail = [](const std::vector<double>& v) {
             return median(std::vector<double>(v.begin() + 1, v.end()));
@@ -611,6 +755,11 @@ int PPO::run() {
             tail(times_.epoch), tail(times_.rollout), tail(times_.policy), tail(times_.value),
             tail(times_.update_flops) * 1e-9));
     }
+    if (!times_.checkpoint.empty())
+        mpiml::pprint(fmt::format("{} checkpoint{} saved in {}: median save {:.4f} s on rank 0",
+                                  times_.checkpoint.size(),
+                                  times_.checkpoint.size() == 1 ? "" : "s", ck_->dir().string(),
+                                  median(times_.checkpoint)));
     mpiml::profile_stop();  // collective; does nothing when not profiling
     if (rank_ == 0 && !cfg_.out.empty()) {
         write_plot(logger_, cfg_);
@@ -623,11 +772,63 @@ int PPO::run() {
 
 }  // namespace
 
+namespace {
+
+bool is_step_dir(const std::filesystem::path& p) {
+    return std::filesystem::exists(p / "MANIFEST") &&
+           p.filename().string().rfind("step-", 0) == 0;
+}
+
+/// Collective: the checkpoint to continue from, per cfg.resume and the restart
+/// attempt, or nullopt to start fresh.
+std::optional<Resumed> find_resume(const Config& cfg, const std::filesystem::path& own) {
+    const bool restart = mpiml::restart_attempt() > 0;
+    const bool explicit_path = !cfg.resume.empty() && cfg.resume != "auto";
+    Resumed r;
+    // A restarted job continues from its own newest checkpoint first.
+    if ((restart || cfg.resume == "auto") && !own.empty()) {
+        mpiml::Checkpointer ck(own);
+        if (auto info = ck.load_latest(r.state)) {
+            r.info = std::move(*info);
+            return r;
+        }
+    }
+    if (!explicit_path) return std::nullopt;
+    const std::filesystem::path p(cfg.resume);
+    std::optional<mpiml::CheckpointInfo> info;
+    if (is_step_dir(p)) {
+        const auto step = std::stoll(p.filename().string().substr(5));
+        info = mpiml::Checkpointer(p.parent_path()).load(step, r.state);
+    } else {
+        info = mpiml::Checkpointer(p).load_latest(r.state);
+    }
+    if (!info)
+        throw std::runtime_error("mpiml-ppo --resume: no checkpoint in " + cfg.resume +
+                                 " (give a checkpoints folder, OUT/checkpoints, or one of its "
+                                 "step-* folders)");
+    r.info = std::move(*info);
+    return r;
+}
+
+}  // namespace
+
 int train(Config cfg) {
     mpiml::setup_pytorch_for_mpi();
     if (!cfg.profile.empty()) mpiml::profile_start(cfg.profile);
     cfg.num_procs = mpiml::num_procs();
-    return PPO(std::move(cfg)).run();
+    const std::filesystem::path own =
+        cfg.out.empty() ? std::filesystem::path() : std::filesystem::path(cfg.out) / "checkpoints";
+    const auto resumed = find_resume(cfg, own);
+    if (!resumed && !own.empty() && mpiml::proc_id() == 0 && std::filesystem::exists(own)) {
+        // A fresh run: a restart must not resume an earlier run's checkpoints.
+        mpiml::Checkpointer::wait_for_removals();
+        std::filesystem::remove_all(own);
+    }
+    mpiml::barrier();
+    std::optional<mpiml::Checkpointer> ck;
+    if (!own.empty() && cfg.checkpoint_every > 0)
+        ck.emplace(own, mpiml::CheckpointOptions{.keep = 3});
+    return PPO(std::move(cfg), std::move(ck), resumed ? &*resumed : nullptr).run();
 }
 
 // -------------------------------------------------------------------- test

@@ -165,3 +165,38 @@ TEST(ReadProgress, RejectsRaggedRows) {
     EXPECT_THROW(read_progress(path.string()), std::runtime_error);
     std::filesystem::remove(path);
 }
+
+// A resumed logger: the file is cut back to the checkpoint's text (rows dumped
+// after it dropped), every rank has those rows, and new rows follow them
+// without a second header.
+TEST(EpochLogger, ResumesFromCheckpointText) {
+    const std::string dir = temp_dir("resume");
+    std::string at_checkpoint;
+    {
+        EpochLogger log(dir);
+        for (int epoch = 0; epoch < 3; ++epoch) {
+            log.log_tabular("Epoch", static_cast<std::int64_t>(epoch));
+            log.log_tabular("X", 0.5 * epoch);
+            log.dump_tabular();
+            if (epoch == 1) at_checkpoint = log.text();
+        }
+        EXPECT_EQ(log.text(), "Epoch\tX\n0\t0.0\n1\t0.5\n2\t1.0\n");
+    }
+    mpiml::barrier();
+    EXPECT_EQ(at_checkpoint, "Epoch\tX\n0\t0.0\n1\t0.5\n");
+    {
+        EpochLogger log(dir, "progress.txt", at_checkpoint);
+        ASSERT_EQ(log.progress().rows.size(), 2u);
+        EXPECT_DOUBLE_EQ(log.progress().rows[1][1], 0.5);
+        log.log_tabular("Epoch", static_cast<std::int64_t>(2));
+        log.log_tabular("X", 7.25);
+        log.dump_tabular();
+        EXPECT_THROW(log.log_tabular("NewColumn", 1.0), std::logic_error);
+    }
+    mpiml::barrier();
+    if (mpiml::proc_id() == 0) {
+        EXPECT_EQ(slurp(dir + "/progress.txt"), "Epoch\tX\n0\t0.0\n1\t0.5\n2\t7.25\n");
+        EXPECT_FALSE(std::filesystem::exists(dir + "/progress.txt.tmp"));
+        std::filesystem::remove_all(dir);
+    }
+}
