@@ -4,6 +4,7 @@ that restarts (examples/ppo_resume.py through mpi_fork's restarts,
 examples/ddp_resume.py under mpiml-run) must resume from a checkpoint and end
 with the final parameters and progress rows of an uninterrupted job, bit for
 bit."""
+import json
 import os
 import re
 import shutil
@@ -22,13 +23,13 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # mpiml-run as built (ctest sets MPIML_RUN), else the one on PATH.
 MPIML_RUN = os.environ.get("MPIML_RUN") or shutil.which("mpiml-run")
 
-PPO_EPOCHS, DDP_EPOCHS = 4, 4
+PPO_EPOCHS, DDP_EPOCHS = 3, 4
 
 
-def run(cmd, inject=None, timeout=90):
+def run(cmd, timeout=90, **env):
     """Runs a job in a session of its own; on timeout ends the whole session
     (launcher and ranks), then fails."""
-    env = clean_env(**({"MPIML_INJECT": inject} if inject else {}))
+    env = clean_env(**env)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                          start_new_session=True)
     try:
@@ -47,7 +48,7 @@ def run(cmd, inject=None, timeout=90):
 
 def ppo(n, out, restarts=0):
     return [PY, str(EXAMPLES / "ppo_resume.py"), "--cpu", str(n), "--restarts", str(restarts),
-            "--epochs", str(PPO_EPOCHS), "--steps", "400", "--out", str(out)]
+            "--epochs", str(PPO_EPOCHS), "--steps", "200", "--out", str(out)]
 
 
 def ddp(n, out, restarts=0):
@@ -68,42 +69,47 @@ _baselines = {}
 
 
 def baseline(tmp_path_factory, example, n):
-    """The uninterrupted run's results (one per example and rank count)."""
+    """The uninterrupted run's results (one per example and rank count), and
+    each rank's count of collectives (from its profile), to inject faults at."""
     if (example, n) not in _baselines:
         out = tmp_path_factory.mktemp("%s_np%d" % (example, n))
-        log = run(globals()[example](n, out))
+        log = run(globals()[example](n, out), MPIML_PROFILE=str(out / "profile"))
         assert "resumed" not in log and "attempt" not in log, log
-        _baselines[example, n] = results(out)
+        counts = []
+        for r in range(n):
+            events = json.loads((out / "profile" / ("profile_%d.json" % r)).read_text())
+            counts.append(sum(e.get("cat") == "mpi" for e in events["traceEvents"]))
+        _baselines[example, n] = results(out) + (counts,)
     return _baselines[example, n]
 
 
-CASES = [  # example, ranks, injected fault (mid-run), its restart line
-    ("ppo", 2, "kill:1:400", r"\[mpiml\] mpi_fork: attempt 1 of 2 failed with status \d+ "
-                             r"\(rank 1/2 host [^:]+: MPIML_INJECT: kill"),
-    ("ppo", 2, "segv:0:600", r"\[mpiml\] mpi_fork: attempt 1 of 2 failed with status \d+ "
-                             r"\(rank 0/2 host [^:]+: .*SIGSEGV"),
-    ("ddp", 2, "kill:1:60", r"\[mpiml\] mpiml-run: attempt 1 of 2 failed with status \d+ "
-                             r"\(rank 1/2 host [^:]+: MPIML_INJECT: kill"),
-    ("ddp", 2, "segv:0:50", r"\[mpiml\] mpiml-run: attempt 1 of 2 failed with status \d+ "
-                             r"\(rank 0/2 host [^:]+: .*SIGSEGV"),
-    ("ddp", 3, "kill:2:40", r"\[mpiml\] mpiml-run: attempt 1 of 2 failed with status \d+ "
-                             r"\(rank 2/3 host [^:]+: MPIML_INJECT: kill"),
+CASES = [  # example, ranks, fault, faulty rank, when (a fraction of its collectives)
+    ("ppo", 2, "kill", 1, 0.5),
+    ("ppo", 2, "segv", 0, 0.75),
+    ("ddp", 2, "kill", 1, 0.5),
+    ("ddp", 2, "segv", 0, 0.75),
+    ("ddp", 3, "kill", 2, 0.6),
 ]
+WHAT = {"kill": "MPIML_INJECT: kill", "segv": "fatal signal SIGSEGV"}
 
 
-@pytest.mark.parametrize("example,n,inject,line", CASES,
-                         ids=["%s-np%d-%s" % (c[0], c[1], c[2].split(":")[0]) for c in CASES])
-def test_restarted_run_equals_uninterrupted_run(tmp_path_factory, example, n, inject, line):
+@pytest.mark.parametrize("example,n,fault,rank,when", CASES,
+                         ids=["%s-np%d-%s" % c[:3] for c in CASES])
+def test_restarted_run_equals_uninterrupted_run(tmp_path_factory, example, n, fault, rank, when):
     epochs = PPO_EPOCHS if example == "ppo" else DDP_EPOCHS
-    progress, params = baseline(tmp_path_factory, example, n)
+    progress, params, counts = baseline(tmp_path_factory, example, n)
     assert progress.count("\n") == 1 + epochs, progress
-    out = tmp_path_factory.mktemp("%s_np%d_%s" % (example, n, inject.replace(":", "_")))
-    log = run(globals()[example](n, out, restarts=1), inject=inject)
-    assert re.search(line, log), log
+    inject = "%s:%d:%d" % (fault, rank, int(when * counts[rank]))
+    out = tmp_path_factory.mktemp("%s_np%d_%s" % (example, n, fault))
+    log = run(globals()[example](n, out, restarts=1), MPIML_INJECT=inject)
+    launcher = "mpi_fork" if example == "ppo" else "mpiml-run"
+    line = r"\[mpiml\] %s: attempt 1 of 2 failed with status \d+ \(rank %d/%d host [^:]+: %s" \
+        % (launcher, rank, n, WHAT[fault])
+    assert re.search(line, log), (inject, log)
     assert "attempt 2 of" not in log, log
-    # Resumed from a checkpoint, not started over: the fault came after epoch 1.
+    # Resumed from a checkpoint, not started over (the fault came after the first).
     resumed = re.findall(r"^resumed from epoch (\d+)$", log, re.M)
-    assert len(resumed) == 1 and 1 <= int(resumed[0]) < epochs, log
+    assert len(resumed) == 1 and 1 <= int(resumed[0]) < epochs, (inject, log)
     got_progress, got_params = results(out)
     assert got_progress == progress
     assert got_params.keys() == params.keys()
