@@ -3,7 +3,8 @@ checkpointed every epoch: a restarted job resumes and ends bit for bit where
 an uninterrupted job ends.
 
     mpiml-run --restarts 2 -np 2 python3 examples/ddp_resume.py --out /tmp/ddp
-    MPIML_INJECT=kill:1:150 mpiml-run --restarts 1 -np 2 python3 examples/ddp_resume.py --out /tmp/ddp
+    MPIML_INJECT=kill:1:150 mpiml-run --restarts 1 -np 2 \
+        python3 examples/ddp_resume.py --out /tmp/ddp
 
 A small MLP (with dropout: each rank's RNG matters) fitted to a synthetic
 regression set, sharded by DistributedSampler. Rank 0 writes DIR/progress.txt
@@ -12,6 +13,7 @@ and, at the end, DIR/final.pt (the model's state_dict).
 import argparse
 import os
 import shutil
+import sys
 
 import torch
 import torch.distributed as dist
@@ -65,6 +67,13 @@ def main():
     start_epoch, step, rows = 0, 0, []
     if args.resume or restart_attempt() > 0:
         ck = load_checkpoint(ckpt_dir)  # the newest one every rank can read; None: none yet
+        if ck is not None and ck.world_size != dist.get_world_size():
+            if rank == 0:
+                print("%s was saved by %d ranks, not %d" % (ck.path, ck.world_size,
+                                                              dist.get_world_size()), file=sys.stderr)
+            sys.exit(2)  # every rank
+        if ck is None and rank == 0:
+            print("no checkpoint in %s: starting from epoch 0" % ckpt_dir, flush=True)
         if ck is not None:
             start_epoch, shared, mine = ck
             model.load_state_dict(shared["model"])  # before DDP: it broadcasts rank 0's

@@ -14,6 +14,7 @@ DIR/final.pt (the model's state_dict).
 import argparse
 import os
 import shutil
+import sys
 import time
 
 import numpy as np
@@ -169,6 +170,13 @@ def ppo(args, seed=0, gamma=0.99, clip_ratio=0.2, pi_lr=3e-4, vf_lr=1e-3, train_
     o, start_epoch, rows = env.reset(), 0, []
     if args.resume or restart_attempt() > 0:
         ck = load_checkpoint(ckpt_dir)  # the newest one every rank can read; None: none yet
+        if ck is not None and ck.world_size != num_procs():
+            if proc_id() == 0:
+                print("%s was saved by %d ranks, not %d: run with --cpu %d"
+                      % (ck.path, ck.world_size, num_procs(), ck.world_size), file=sys.stderr)
+            sys.exit(2)  # every rank
+        if ck is None and proc_id() == 0:
+            print("no checkpoint in %s: starting from epoch 0" % ckpt_dir, flush=True)
         if ck is not None:
             start_epoch, shared, mine = ck
             ac.load_state_dict(shared["ac"])
