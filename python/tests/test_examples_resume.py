@@ -6,6 +6,7 @@ with the final parameters and progress rows of an uninterrupted job, bit for
 bit."""
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -86,11 +87,15 @@ def baseline(tmp_path_factory, example, n):
 CASES = [  # example, ranks, fault, faulty rank, when (a fraction of its collectives)
     ("ppo", 2, "kill", 1, 0.5),
     ("ppo", 2, "segv", 0, 0.75),
-    ("ddp", 2, "kill", 1, 0.5),
+    ("ppo", 2, "stall", 1, None),
+    ("ddp", 2, "kill", 1, None),
     ("ddp", 2, "segv", 0, 0.75),
+    ("ddp", 2, "stall", 0, None),
     ("ddp", 3, "kill", 2, 0.6),
 ]
-WHAT = {"kill": "MPIML_INJECT: kill", "segv": "fatal signal SIGSEGV"}
+# What the restart line names: the failing rank's own line, or for a stall
+# the watchdog line of a rank that waited for it (MPIML_TIMEOUT).
+WHAT = {"kill": "MPIML_INJECT: kill", "segv": "fatal signal SIGSEGV", "stall": "watchdog: "}
 
 
 @pytest.mark.parametrize("example,n,fault,rank,when", CASES,
@@ -99,12 +104,17 @@ def test_restarted_run_equals_uninterrupted_run(tmp_path_factory, example, n, fa
     epochs = PPO_EPOCHS if example == "ppo" else DDP_EPOCHS
     progress, params, counts = baseline(tmp_path_factory, example, n)
     assert progress.count("\n") == 1 + epochs, progress
+    if when is None:  # a random collective of the middle of the run (printed, to replay)
+        when = random.uniform(0.4, 0.8)
     inject = "%s:%d:%d" % (fault, rank, int(when * counts[rank]))
+    print("MPIML_INJECT=" + inject)
     out = tmp_path_factory.mktemp("%s_np%d_%s" % (example, n, fault))
-    log = run(globals()[example](n, out, restarts=1), MPIML_INJECT=inject)
+    extra = {"MPIML_TIMEOUT": "3"} if fault == "stall" else {}
+    log = run(globals()[example](n, out, restarts=1), MPIML_INJECT=inject, **extra)
     launcher = "mpi_fork" if example == "ppo" else "mpiml-run"
-    line = r"\[mpiml\] %s: attempt 1 of 2 failed with status \d+ \(rank %d/%d host [^:]+: %s" \
-        % (launcher, rank, n, WHAT[fault])
+    who = r"\d" if fault == "stall" else str(rank)
+    line = r"\[mpiml\] %s: attempt 1 of 2 failed with status \d+ \(rank %s/%d host [^:]+: %s" \
+        % (launcher, who, n, WHAT[fault])
     assert re.search(line, log), (inject, log)
     assert "attempt 2 of" not in log, log
     # Resumed from a checkpoint, not started over (the fault came after the first).

@@ -12,7 +12,7 @@ set -uo pipefail
 prog=$1
 out=$2
 shift 2
-cases=${*:-kill2 segv2 pend2 kill3 torn ranks}
+cases=${*:-kill2 segv2 stall2 pend2 kill3 torn ranks}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 unset MPIML_INJECT MPIML_ATTEMPT
@@ -67,14 +67,18 @@ expect() {
 
 want() { [[ " $cases " == *" $1 "* ]]; }
 
-if want kill2 || want segv2 || want torn || want ranks; then
+if want kill2 || want segv2 || want stall2 || want torn || want ranks; then
   run ref2 -- --cpu 2 --epochs 5 || exit 1
 fi
 
 # About 45 collectives per epoch (with its checkpoint): the kills and the
 # segfault land mid-epoch, in epochs 1 and 2.
+# The kill and the stall land at a random collective of epochs 1-3 (the
+# number is printed, to replay a failure).
 if want kill2; then
-  run kill2 MPIML_INJECT=kill:1:75 -- --cpu 2 --epochs 5 --restarts 1 && {
+  at=$((60 + RANDOM % 90))
+  echo "kill2: MPIML_INJECT=kill:1:$at"
+  run kill2 MPIML_INJECT=kill:1:$at -- --cpu 2 --epochs 5 --restarts 1 && {
     expect kill2 "MPIML_INJECT: kill" "the kill was not injected"
     expect kill2 "attempt 1 of 2 failed" "no restart line"
     expect kill2 "resuming from .*step-0000000[0-9] \(epoch [0-9]" "the restart did not resume"
@@ -87,6 +91,19 @@ if want segv2; then
     expect segv2 "MPIML_INJECT: segv" "the segfault was not injected"
     expect segv2 "resuming from .*\(epoch [0-9]" "the restart did not resume"
     same ref2 segv2
+  }
+fi
+
+# A rank stalls inside a collective: the watchdog (MPIML_TIMEOUT) ends the
+# job, and the restart resumes.
+if want stall2; then
+  at=$((60 + RANDOM % 90))
+  echo "stall2: MPIML_INJECT=stall:0:$at"
+  run stall2 MPIML_INJECT=stall:0:$at MPIML_TIMEOUT=3 -- --cpu 2 --epochs 5 --restarts 1 && {
+    expect stall2 "MPIML_INJECT: stall" "the stall was not injected"
+    expect stall2 "watchdog: " "the watchdog did not end the stalled job"
+    expect stall2 "resuming from .*\(epoch [0-9]" "the restart did not resume"
+    same ref2 stall2
   }
 fi
 
