@@ -164,6 +164,7 @@ LauncherKind kind_of(const std::string& launcher, const std::vector<std::string>
         return LauncherKind::open_mpi;
     if (version.find("HYDRA") != std::string::npos || version.find("MPICH") != std::string::npos)
         return LauncherKind::mpich;
+    if (version.rfind("slurm", 0) == 0) return LauncherKind::slurm;  // srun --version: "slurm 22.05.8"
     return LauncherKind::unknown;
 }
 
@@ -179,7 +180,10 @@ LauncherKind linked_kind() {
 }
 
 const char* kind_name(LauncherKind k) {
-    return k == LauncherKind::open_mpi ? "Open MPI" : k == LauncherKind::mpich ? "MPICH" : "an unknown MPI";
+    return k == LauncherKind::open_mpi ? "Open MPI"
+           : k == LauncherKind::mpich  ? "MPICH"
+           : k == LauncherKind::slurm  ? "Slurm"
+                                       : "an unknown MPI";
 }
 
 }  // namespace
@@ -267,6 +271,12 @@ void launcher_options(LaunchPlan& plan, int n, bool bind_to_core, const LaunchCo
         case LauncherKind::mpich:
             a.insert(a.end(), {"-n", std::to_string(n)});
             if (bind_to_core) a.insert(a.end(), {"-bind-to", "core"});
+            break;
+        case LauncherKind::slurm:  // srun inside an allocation (MPIML_MPIRUN=srun)
+            a.insert(a.end(), {"-n", std::to_string(n)});
+            if (bind_to_core) a.emplace_back("--cpu-bind=cores");
+            if (!cfg.hostfile.empty())
+                fail(call_name, "MPIML_HOSTFILE does not apply to srun: the allocation gives the hosts");
             break;
         case LauncherKind::unknown:
             a.insert(a.end(), {"-np", std::to_string(n)});
@@ -410,6 +420,8 @@ bool host_reachable(const LaunchPlan& plan, const std::string& host, double time
     std::vector<std::string> argv{plan.launcher};
     if (plan.kind == LauncherKind::mpich) {
         argv.insert(argv.end(), {"-hosts", host, "-n", "1"});
+    } else if (plan.kind == LauncherKind::slurm) {
+        argv.insert(argv.end(), {"-w", host, "-N", "1", "-n", "1"});
     } else {
         argv.insert(argv.end(), {"--host", host, "-np", "1"});
         if (::geteuid() == 0) argv.emplace_back("--allow-run-as-root");

@@ -39,7 +39,7 @@ void mpi_fork(int n, const ForkOptions& options);
 int restart_attempt();
 
 namespace detail {
-enum class LauncherKind { open_mpi, mpich, unknown };
+enum class LauncherKind { open_mpi, mpich, slurm, unknown };
 struct LaunchPlan {
     std::string launcher;              ///< path of mpirun/mpiexec
     LauncherKind kind = LauncherKind::unknown;
