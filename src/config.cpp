@@ -90,12 +90,6 @@ bool launched_by_mpi_fork() { return get("IN_MPI").has_value(); }
 std::optional<bool> env_c10d_check() { return env_config().c10d_check; }
 bool env_profile_requested() { return !env_config().profile_dir.empty(); }
 
-bool started_by_launcher() {
-    // Open MPI, PMIx (Open MPI, Slurm), MPICH's Hydra and PMI-2 (Slurm).
-    for (const char* v : {"IN_MPI", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
-        if (get(v)) return true;
-    return false;
-}
 
 LaunchConfig read_launch_config(const char* call) {
     LaunchConfig c;

@@ -54,10 +54,15 @@ bool in_initial_env(const std::string& kv) {
     return false;
 }
 
+// Started by a launcher: Open MPI, PMIx (Open MPI, Slurm), MPICH's Hydra and
+// PMI-2 (Slurm) set these. The environment as the program started: an MPI
+// initialized since (a singleton) adds them too.
 bool initial_env_was_launched() {
     for (const auto& e : initial_env) {
         const auto n = env_name(e);
-        if (n == "OMPI_COMM_WORLD_RANK" || n == "PMIX_RANK" || n == "PMI_RANK") return true;
+        if (n == "OMPI_COMM_WORLD_RANK" || n == "OMPI_COMM_WORLD_SIZE" || n == "PMIX_RANK" ||
+            n == "PMI_RANK" || n == "PMI_SIZE")
+            return true;
     }
     return false;
 }
@@ -531,6 +536,8 @@ int run_with_restarts(const LaunchPlan& initial, int restarts, double backoff, c
     ::rmdir(dir);
     return code;
 }
+
+bool started_by_launcher() { return launched_by_mpi_fork() || initial_env_was_launched(); }
 
 }  // namespace detail
 
