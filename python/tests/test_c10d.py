@@ -3,7 +3,6 @@ collective and dtype against Gloo's result from a Gloo group in the same
 process, error paths, subgroups, p2p, determinism, DDP and ZeRO."""
 
 import copy
-import datetime
 
 import pytest
 import torch
@@ -16,19 +15,6 @@ FLOAT_TYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 COMPLEX_TYPES = [torch.complex64, torch.complex128]
 ALL_TYPES = FLOAT_TYPES + COMPLEX_TYPES + INT_TYPES + [torch.bool]
 R = dist.ReduceOp
-
-
-@pytest.fixture(scope="session", autouse=True)
-def world():
-    if not dist.is_initialized():
-        mpiml.torch.init_process_group(timeout=datetime.timedelta(seconds=60),
-                                       abort_on_exception=False)
-    return dist.get_rank(), dist.get_world_size()
-
-
-@pytest.fixture(scope="session")
-def gloo(world):
-    return dist.new_group(backend="gloo")
 
 
 def value(rank, dtype, shape=(3, 5), salt=0):

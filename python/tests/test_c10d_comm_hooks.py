@@ -7,7 +7,6 @@ the group must run those while the callback that waits is still running. The
 last tests do that without DDP, and wait in a callback for an op issued
 before it."""
 
-import datetime
 import time
 
 import pytest
@@ -19,23 +18,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import mpiml.torch
+from c10d_fixtures import world, gloo  # noqa: F401 (pytest fixtures)
 
 STEPS = 8
 START_POWERSGD = 2  # steps 0-1 plain allreduce, 2-7 compressed
 LR = 0.1
-
-
-@pytest.fixture(scope="session", autouse=True)
-def world():
-    if not dist.is_initialized():
-        mpiml.torch.init_process_group(timeout=datetime.timedelta(seconds=60),
-                                       abort_on_exception=False)
-    return dist.get_rank(), dist.get_world_size()
-
-
-@pytest.fixture(scope="session")
-def gloo(world):
-    return dist.new_group(backend="gloo")
 
 
 def mlp():

@@ -2,7 +2,6 @@
 N ranks each on 1/N of a batch train like one process on the whole batch."""
 
 import copy
-import datetime
 
 import pytest
 import torch
@@ -13,14 +12,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import mpiml.torch
-
-
-@pytest.fixture(scope="session", autouse=True)
-def world():
-    if not dist.is_initialized():
-        mpiml.torch.init_process_group(timeout=datetime.timedelta(seconds=60),
-                                       abort_on_exception=False)
-    return dist.get_rank(), dist.get_world_size()
+from c10d_fixtures import world  # noqa: F401 (pytest fixtures)
 
 
 class Net(nn.Module):

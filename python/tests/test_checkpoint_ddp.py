@@ -1,7 +1,6 @@
 """Checkpoints of a DistributedDataParallel model and a ZeroRedundancyOptimizer
 (Adam) on the "mpiml" backend: a run resumed from a checkpoint continues
 exactly as the uninterrupted run."""
-import datetime
 import shutil
 import tempfile
 
@@ -13,16 +12,9 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import mpiml.torch
+from c10d_fixtures import world  # noqa: F401 (pytest fixtures)
 from mpiml.checkpoint import (capture_rng, load_checkpoint, restore_rng, save_checkpoint,
                               wait_for_removals)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def world():
-    if not dist.is_initialized():
-        mpiml.torch.init_process_group(timeout=datetime.timedelta(seconds=60),
-                                       abort_on_exception=False)
-    return dist.get_rank(), dist.get_world_size()
 
 
 @pytest.fixture
