@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 import mpiml.torch  # registers "mpiml"
+from c10d_fixtures import world, gloo  # noqa: F401 (pytest fixtures)
 
 INT_TYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 FLOAT_TYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
