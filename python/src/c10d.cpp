@@ -16,6 +16,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <ATen/ATen.h>
+#include <ATen/ThreadLocalState.h>
+#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <atomic>
@@ -213,17 +215,41 @@ struct Contig {
 
 class MpimlWork : public c10d::Work {
 public:
-    MpimlWork(OpType type, std::vector<at::Tensor> outputs, const char* title)
-        : c10d::Work(-1, type, title),
+    // title: the profiler's name of the op ("mpiml:all_reduce"); inputs: the
+    // tensors whose shapes the profiler records.
+    MpimlWork(OpType type, std::vector<at::Tensor> outputs, const char* title,
+              const std::vector<at::Tensor>& inputs)
+        : c10d::Work(-1, type),
           outputs_(std::move(outputs)),
           future_(c10::make_intrusive<c10::ivalue::Future>(
-              c10::ListType::create(c10::TensorType::get()))) {}
+              c10::ListType::create(c10::TensorType::get()))) {
+        if (title) record_profile(title, inputs);
+    }
+
+    // The runner, as the op starts: opens its profiler event (Work::finish
+    // closes it). The event is async, as Gloo's: started on the runner
+    // thread, ended on whichever completes the Work.
+    void profile_start() {
+        if (profile_start_) {
+            profile_start_();
+            profile_start_ = nullptr;
+        }
+    }
 
     std::vector<at::Tensor> result() override { return outputs_; }
     c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
     int sourceRank() const override { return source_.load(); }
 
     void complete(std::exception_ptr e) {
+        // The profiler event ends before anyone can see the op done (DDP
+        // waits on the future): a profiler stopped right after still has it.
+        {
+            std::lock_guard lock(mutex_);
+            if (recordFunctionEndCallback_) {
+                recordFunctionEndCallback_();
+                recordFunctionEndCallback_ = nullptr;
+            }
+        }
         // The future first: wait() returning means the future is done too.
         if (e) {
             future_->setError(e);
@@ -236,6 +262,22 @@ public:
     void set_source(int r) { source_.store(r); }
 
 private:
+    // As ProcessGroupGloo's AsyncWork: only when a profiler (or another
+    // RecordFunction callback) is on in the issuing thread, whose thread-local
+    // state the runner takes on around the event's start and end.
+    void record_profile(const char* title, const std::vector<at::Tensor>& inputs) {
+        auto callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE);
+        if (!callbacks) return;
+        auto rf = std::make_shared<at::RecordFunction>(std::move(*callbacks));
+        profile_start_ = at::wrapPropagateTLSState([rf, title, inputs] {
+            rf->_setAsync();
+            std::vector<c10::IValue> args(inputs.begin(), inputs.end());
+            rf->before(title, c10::ArrayRef<const c10::IValue>(args.data(), args.size()));
+        });
+        recordFunctionEndCallback_ = at::wrapPropagateTLSState([rf] { rf->end(); });
+    }
+
+    std::function<void()> profile_start_;
     std::vector<at::Tensor> outputs_;
     c10::intrusive_ptr<c10::ivalue::Future> future_;
     std::atomic<int> source_{-1};
@@ -352,7 +394,9 @@ private:
         bool any_source;
     };
 
+    // title and inputs: the op's profiler event (MpimlWork).
     c10::intrusive_ptr<c10d::Work> enqueue(std::string name, OpType type, const char* title,
+                                           const std::vector<at::Tensor>& inputs,
                                            std::vector<at::Tensor> outputs, Sig sig,
                                            std::function<MPI_Request(MpimlWork&)> run,
                                            bool collective = true);
@@ -557,9 +601,10 @@ int ProcessGroupMpiml::check_root(const std::string& call, int64_t root) const {
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::enqueue(
-    std::string name, OpType type, const char* title, std::vector<at::Tensor> outputs, Sig sig,
-    std::function<MPI_Request(MpimlWork&)> run, bool collective) {
-    auto work = c10::make_intrusive<MpimlWork>(type, std::move(outputs), title);
+    std::string name, OpType type, const char* title, const std::vector<at::Tensor>& inputs,
+    std::vector<at::Tensor> outputs, Sig sig, std::function<MPI_Request(MpimlWork&)> run,
+    bool collective) {
+    auto work = c10::make_intrusive<MpimlWork>(type, std::move(outputs), title, inputs);
     {
         std::lock_guard lock(m_);
         if (stop_) fail(name, "the process group has been shut down");
@@ -740,6 +785,7 @@ void ProcessGroupMpiml::loop(bool runner) {
             }
             std::exception_ptr ep;
             MPI_Request req = MPI_REQUEST_NULL;
+            e.work->profile_start();
             try {
                 // The agreement round runs outside the core: mark it for the exit guard.
                 std::optional<mpiml::detail::ExitMark> mark;
@@ -853,7 +899,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::broadcast(std::vector<at::Tens
     if (opts.rootTensor != 0) fail(c, "rootTensor must be 0 (one tensor per rank)");
     at::Tensor t = tensors[0];
     Sig sig{{static_cast<int64_t>(OpType::BROADCAST), t.numel(), dtype_id(t.scalar_type()), root}};
-    return enqueue(c, OpType::BROADCAST, "mpiml:broadcast", tensors, sig,
+    return enqueue(c, OpType::BROADCAST, "mpiml:broadcast", tensors, tensors, sig,
                    [this, t, root](MpimlWork&) {
                        Contig b(t);
                        mpiml::detail::broadcast(b.data(), nbytes(b.buf), MPI_BYTE, root, comm_,
@@ -871,7 +917,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::allreduce(std::vector<at::Tens
     at::Tensor t = tensors[0];
     check_op_dtype(c, op, t.scalar_type());
     Sig sig{{static_cast<int64_t>(OpType::ALLREDUCE), t.numel(), dtype_id(t.scalar_type()), op}};
-    return enqueue(c, OpType::ALLREDUCE, "mpiml:all_reduce", tensors, sig,
+    return enqueue(c, OpType::ALLREDUCE, "mpiml:all_reduce", tensors, tensors, sig,
                    [this, t, op, c](MpimlWork&) {
                        Contig b(t);
                        reduce_inplace(b.buf, op, c);
@@ -897,7 +943,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::allreduce_coalesced(
     Sig sig{{static_cast<int64_t>(OpType::ALLREDUCE_COALESCED), total,
              dtype_id(tensors[0].scalar_type()), op}};
     std::vector<at::Tensor> ts = tensors;
-    return enqueue(c, OpType::ALLREDUCE_COALESCED, "mpiml:all_reduce_coalesced", tensors, sig,
+    return enqueue(c, OpType::ALLREDUCE_COALESCED, "mpiml:all_reduce", tensors, tensors, sig,
                    [this, ts, op, c](MpimlWork&) {
                        std::vector<at::Tensor> flat;
                        for (const auto& t : ts) flat.push_back(t.reshape({-1}));
@@ -922,7 +968,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::reduce(std::vector<at::Tensor>
     check_op_dtype(c, op, t.scalar_type());
     Sig sig{{static_cast<int64_t>(OpType::REDUCE), t.numel(), dtype_id(t.scalar_type()),
              op * 65536 + root}};
-    return enqueue(c, OpType::REDUCE, "mpiml:reduce", tensors, sig,
+    return enqueue(c, OpType::REDUCE, "mpiml:reduce", tensors, tensors, sig,
                    [this, t, op, root, c](MpimlWork&) {
                        // An allreduce (fixed order, shared memory); only root keeps it.
                        at::Tensor buf = t.contiguous().clone();
@@ -945,7 +991,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::allgather(
                     std::to_string(size_) + " ranks");
     for (const auto& o : outs) check_same(c, in, o, "an output tensor");
     Sig sig{{static_cast<int64_t>(OpType::ALLGATHER), in.numel(), dtype_id(in.scalar_type()), -1}};
-    return enqueue(c, OpType::ALLGATHER, "mpiml:all_gather", outs, sig,
+    return enqueue(c, OpType::ALLGATHER, "mpiml:all_gather", inputs, outs, sig,
                    [this, in, outs](MpimlWork&) {
                        at::Tensor src = in.contiguous();
                        at::Tensor all = at::empty({size_, in.numel()}, in.options());
@@ -967,7 +1013,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::_allgather_base(
     Sig sig{{static_cast<int64_t>(OpType::_ALLGATHER_BASE), input.numel(),
              dtype_id(input.scalar_type()), -1}};
     at::Tensor in = input, out = output;
-    return enqueue(c, OpType::_ALLGATHER_BASE, "mpiml:all_gather_into_tensor", {output}, sig,
+    return enqueue(c, OpType::_ALLGATHER_BASE, "mpiml:all_gather_into_tensor", {input}, {output},
+                   sig,
                    [this, in, out](MpimlWork&) {
                        at::Tensor src = in.contiguous();
                        Contig dst(out);
@@ -1000,7 +1047,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::allgather_coalesced(
     for (const auto& l : outputs) flat_out.insert(flat_out.end(), l.begin(), l.end());
     auto ins = inputs;
     auto outs = outputs;
-    return enqueue(c, OpType::ALLGATHER_COALESCED, "mpiml:all_gather_coalesced", flat_out, sig,
+    return enqueue(c, OpType::ALLGATHER_COALESCED, "mpiml:all_gather", inputs, flat_out, sig,
                    [this, ins, outs, bytes](MpimlWork&) {
                        std::vector<at::Tensor> parts;
                        for (const auto& t : ins)
@@ -1039,7 +1086,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::gather(
         fail(c, "only the root rank " + std::to_string(root) + " takes an output list");
     }
     Sig sig{{static_cast<int64_t>(OpType::GATHER), in.numel(), dtype_id(in.scalar_type()), root}};
-    return enqueue(c, OpType::GATHER, "mpiml:gather", outs, sig,
+    return enqueue(c, OpType::GATHER, "mpiml:gather", inputs, outs, sig,
                    [this, in, outs, root](MpimlWork&) {
                        at::Tensor src = in.contiguous();
                        const int n = int_count("gather", nbytes(src));
@@ -1072,7 +1119,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::scatter(
         fail(c, "only the root rank " + std::to_string(root) + " takes an input list");
     }
     Sig sig{{static_cast<int64_t>(OpType::SCATTER), out.numel(), dtype_id(out.scalar_type()), root}};
-    return enqueue(c, OpType::SCATTER, "mpiml:scatter", outputs, sig,
+    return enqueue(c, OpType::SCATTER, "mpiml:scatter", ins, outputs, sig,
                    [this, ins, out, root](MpimlWork&) {
                        Contig dst(out);
                        const int n = int_count("scatter", nbytes(dst.buf));
@@ -1103,7 +1150,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::reduce_scatter(
     const RedOp op = opts.reduceOp;
     check_op_dtype(c, op, out.scalar_type());
     Sig sig{{static_cast<int64_t>(OpType::REDUCE_SCATTER), out.numel(), dtype_id(out.scalar_type()), op}};
-    return enqueue(c, OpType::REDUCE_SCATTER, "mpiml:reduce_scatter", outputs, sig,
+    return enqueue(c, OpType::REDUCE_SCATTER, "mpiml:reduce_scatter", ins, outputs, sig,
                    [this, ins, out, op, c](MpimlWork&) {
                        // One allreduce of everything (fixed order); each rank keeps its part.
                        std::vector<at::Tensor> flat;
@@ -1128,7 +1175,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::_reduce_scatter_base(
     Sig sig{{static_cast<int64_t>(OpType::_REDUCE_SCATTER_BASE), output.numel(),
              dtype_id(output.scalar_type()), op}};
     at::Tensor in = input, out = output;
-    return enqueue(c, OpType::_REDUCE_SCATTER_BASE, "mpiml:reduce_scatter_tensor", {output}, sig,
+    return enqueue(c, OpType::_REDUCE_SCATTER_BASE, "mpiml:reduce_scatter_tensor", {input},
+                   {output}, sig,
                    [this, in, out, op, c](MpimlWork&) {
                        at::Tensor all = in.contiguous().clone().view({-1});
                        reduce_inplace(all, op, c);
@@ -1175,7 +1223,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::alltoall_base(
     const int64_t out_row_bytes = output.dim() == 0 || output.size(0) == 0 ? 0 : output.nbytes() / output.size(0);
     Sig sig{{static_cast<int64_t>(OpType::ALLTOALL_BASE), -1, dtype_id(input.scalar_type()), -1}};
     at::Tensor in = input, out = output;
-    return enqueue(c, OpType::ALLTOALL_BASE, "mpiml:all_to_all_single", {output}, sig,
+    return enqueue(c, OpType::ALLTOALL_BASE, "mpiml:all_to_all", {input}, {output}, sig,
                    [this, in, out, in_rows, out_rows, in_row_bytes, out_row_bytes, c](MpimlWork&) {
                        std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
                        std::size_t so = 0, ro = 0;
@@ -1217,7 +1265,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::alltoall(std::vector<at::Tenso
     Sig sig{{static_cast<int64_t>(OpType::ALLTOALL), -1, dtype_id(inputs[0].scalar_type()), -1}};
     auto ins = inputs;
     auto outs = outputs;
-    return enqueue(c, OpType::ALLTOALL, "mpiml:all_to_all", outputs, sig,
+    return enqueue(c, OpType::ALLTOALL, "mpiml:all_to_all", inputs, outputs, sig,
                    [this, ins, outs, c](MpimlWork&) {
                        std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
                        std::size_t so = 0, ro = 0;
@@ -1264,7 +1312,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::p2p(std::vector<at::Tensor>& t
                              " (tag " + std::to_string(tag) + ", " + describe(t) + ")";
     const OpType type = is_send ? OpType::SEND : any_source ? OpType::RECVANYSOURCE : OpType::RECV;
     return enqueue(
-        name, type, is_send ? "mpiml:send" : "mpiml:recv", tensors, Sig{},
+        name, type, is_send ? "mpiml:send" : any_source ? "mpiml:recvAnySource" : "mpiml:recv",
+        tensors, tensors, Sig{},
         [this, t, peer, tag, is_send, any_source, name](MpimlWork& w) {
             auto b = std::make_shared<Contig>(t);
             const int n = int_count(name, nbytes(b->buf));
@@ -1302,7 +1351,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::recvAnysource(std::vector<at::
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::barrier(const c10d::BarrierOptions&) {
     Sig sig{{static_cast<int64_t>(OpType::BARRIER), 0, -1, -1}};
-    return enqueue("barrier", OpType::BARRIER, "mpiml:barrier", {}, sig, [this](MpimlWork&) {
+    return enqueue("barrier", OpType::BARRIER, "mpiml:barrier", {}, {}, sig, [this](MpimlWork&) {
         mpiml::detail::barrier(comm_, "mpiml c10d barrier");
         return MPI_REQUEST_NULL;
     });

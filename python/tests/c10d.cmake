@@ -9,6 +9,10 @@ if(TARGET _c10d)
   mpiml_add_pytest(NAME pytest_c10d_comm_hooks FILE tests/test_c10d_comm_hooks.py RANKS 2 3
                    TIMEOUT 120 LABELS c10d)
 
+  # torch.profiler: "mpiml:<op>" events with input shapes, a DDP step's trace.
+  mpiml_add_pytest(NAME pytest_c10d_profiler FILE tests/test_c10d_profiler.py RANKS 2 3
+                   TIMEOUT 120 LABELS c10d)
+
   # A rank that never arrives: the watchdog must end the job naming the op.
   add_test(NAME c10d_timeout.np2
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIML_MPIEXEC_FLAGS}

@@ -47,7 +47,17 @@ except ImportError:
 
 from torch.testing._internal.common_distributed import TEST_SKIPS  # noqa: E402
 from torch.testing._internal.common_utils import TestCase  # noqa: E402
+from torch.testing._internal.distributed import distributed_test  # noqa: E402
 from torch.testing._internal.distributed.distributed_test import DistributedTest  # noqa: E402
+
+# The suite checks the profiler's events of a collective ("<backend>:all_reduce",
+# async, with the input shapes) and of send/recv only for the backends in these
+# lists. MPIML_SUITE_PROFILING=0 leaves mpiml out (the checks off).
+if BACKEND == "mpiml" and os.environ.get("MPIML_SUITE_PROFILING", "1") != "0":
+    for _lst in (distributed_test.PROFILING_SUPPORTED_BACKENDS,
+                 distributed_test.SEND_RECV_PROFILING_SUPPORTED_BACKENDS):
+        if BACKEND not in _lst:
+            _lst.append(BACKEND)
 
 mpiml.torch.init_process_group(BACKEND, timeout=datetime.timedelta(seconds=60),
                                abort_on_exception=False)
