@@ -2,7 +2,6 @@
 op, named "mpiml:<op>" as Gloo's are "gloo:<op>", with the input shapes; a
 DDP step's trace shows its bucket all_reduce."""
 
-import datetime
 import json
 
 import pytest
@@ -13,14 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile
 
 import mpiml.torch
-
-
-@pytest.fixture(scope="session", autouse=True)
-def world():
-    if not dist.is_initialized():
-        mpiml.torch.init_process_group(timeout=datetime.timedelta(seconds=60),
-                                       abort_on_exception=False)
-    return dist.get_rank(), dist.get_world_size()
+from c10d_fixtures import world  # noqa: F401 (pytest fixture)
 
 
 def events(prof, name):
