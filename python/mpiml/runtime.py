@@ -121,13 +121,20 @@ def profile_stop():
 
 
 def _profile_stop_at_exit():
-    # MPIML_PROFILE: write the profile before MPI is finalized (after Python
-    # has ended), as the Python part needs the interpreter.
+    # MPIML_PROFILE: write the profile now, while the interpreter runs (MPI is
+    # finalized after it). The exit guard of MPI_Finalize runs first: it waits
+    # until every rank has ended, so the collectives below cannot meet a peer
+    # still inside the program's collectives (it aborts the job if one waits
+    # in a collective this rank never entered).
     if not _pyprofile.running():
         return
     if not _core.is_initialized() or _core.is_finalized():
         _pyprofile.discard()  # no MPI, no profile (as for the C++ side)
         return
+    _pyprofile.pause()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _core._exit_guard()
     try:
         profile_stop()
     except Exception as e:  # noqa: BLE001 - at exit: report, do not raise

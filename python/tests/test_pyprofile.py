@@ -124,3 +124,24 @@ def test_profile_start_stop_from_python(tmp_path):
         assert not [k for k in s.stats if k[2] in ("slow_part", "step")], s.stats.keys()
         assert [k for k in s.stats if "mpi_sum" in k[2]]
     assert not [row for row in python_rows(b) if row["name"] == "slow_part"]
+
+
+def test_rank_ending_early_under_mpiml_profile_ends_the_job(tmp_path):
+    """The Python profile is written at exit with collectives: a rank that
+    ends while another waits in a collective still ends the job (exit guard),
+    never a hang."""
+    script = tmp_path / "early.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import numpy as np
+        import mpiml.mpi_tools as mt
+        mt.mpi_sum(np.ones(3))
+        if mt.proc_id() == 1:
+            sys.exit(0)
+        mt.mpi_sum(np.ones(3))  # waits for rank 1, which has ended
+        """))
+    p = subprocess.run(mpirun(2, PY, str(script)), capture_output=True, text=True, timeout=60,
+                       env=clean_env(MPIML_PROFILE=str(tmp_path / "prof")))
+    assert p.returncode != 0
+    assert "[mpiml] rank 1/2:" in p.stdout + p.stderr and "rank 0 waits in allreduce #2" in \
+        p.stdout + p.stderr, p.stdout + p.stderr
