@@ -113,11 +113,10 @@ def profile_stop():
         _core.init()  # with MPIML_PROFILE, the profile starts when MPI does
     directory = _core.profile_dir()
     _core.profile_stop()
-    if _pyprofile.running():
-        if directory:
-            _pyprofile.stop(directory)
-        else:
-            _pyprofile.discard()
+    if directory:  # the same on every rank, whether or not cProfile ran there
+        _pyprofile.stop(directory)
+    else:
+        _pyprofile.discard()
 
 
 def _profile_stop_at_exit():
