@@ -5,6 +5,7 @@ import csv
 import json
 import os
 import pstats
+import re
 import shutil
 import subprocess
 import sys
@@ -145,3 +146,30 @@ def test_rank_ending_early_under_mpiml_profile_ends_the_job(tmp_path):
     assert p.returncode != 0
     assert "[mpiml] rank 1/2:" in p.stdout + p.stderr and "rank 0 waits in allreduce #2" in \
         p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def test_unwritable_profile_file_raises_on_every_rank(tmp_path):
+    """A rank that cannot write its .prof: every rank raises mpiml.Error
+    naming the call, its rank and the rank that failed; no hang."""
+    script = tmp_path / "unwritable.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        import mpiml, mpiml.mpi_tools as mt
+        d = sys.argv[1]
+        mpiml.profile_start(d)
+        mt.mpi_sum(1.0)
+        if mt.proc_id() == 1:
+            os.mkdir(os.path.join(d, "profile_1.prof"))  # a directory: not writable as a file
+        try:
+            mpiml.profile_stop()
+        except mpiml.Error as e:
+            print("caught:", e, flush=True)
+        mt.mpi_sum(1.0)  # the ranks still agree
+        """))
+    p = subprocess.run(mpirun(2, PY, str(script), str(tmp_path / "prof")), capture_output=True,
+                       text=True, timeout=120, env=clean_env())
+    assert p.returncode == 0, p.stdout + p.stderr
+    caught = sorted(re.findall(r"caught: [^\n]*", p.stdout))
+    assert len(caught) == 2, p.stdout
+    assert "mpiml.profile_stop on rank 0/2: the Python profile of rank 1 was not written" in caught[0]
+    assert "mpiml.profile_stop on rank 1/2: cannot write" in caught[1] and "profile_1.prof" in caught[1]
