@@ -163,7 +163,8 @@ def test_unwritable_profile_file_raises_on_every_rank(tmp_path):
         try:
             mpiml.profile_stop()
         except mpiml.Error as e:
-            print("caught:", e, flush=True)
+            sys.stdout.write("caught: %s\\n" % e)  # one write: ranks' lines never interleave
+            sys.stdout.flush()
         mt.mpi_sum(1.0)  # the ranks still agree
         """))
     p = subprocess.run(mpirun(2, PY, str(script), str(tmp_path / "prof")), capture_output=True,
