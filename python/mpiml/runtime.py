@@ -12,11 +12,14 @@ collective. With one rank, or before MPI is initialized, Python's own
 behaviour is kept (the exit status is non-zero, which ends an MPI job too).
 KeyboardInterrupt counts as an exception: Ctrl-C ends every rank.
 """
+import atexit
 import functools
+import os
 import sys
 import threading
 
 from . import _core
+from . import _pyprofile
 
 _prev_excepthook = None
 _prev_threading_hook = None
@@ -96,13 +99,46 @@ def check_enabled():
 
 # ------------------------------------------------------------ profiling
 def profile_start(directory):
-    """Starts profiling into directory (collective; MPIML_PROFILE=dir does it at start)."""
+    """Starts profiling into directory (collective; MPIML_PROFILE=dir does it at start).
+    Also runs cProfile on the calling thread."""
     _core.profile_start(str(directory))
+    _pyprofile.start()
 
 
 def profile_stop():
-    """Stops profiling and writes the per-rank traces, timeline and summary (collective)."""
+    """Stops profiling and writes the per-rank traces, cProfile files
+    (profile_<rank>.prof), timeline and summary (collective)."""
+    if _pyprofile.running():
+        _pyprofile.pause()
+        _core.init()  # with MPIML_PROFILE, the profile starts when MPI does
+    directory = _core.profile_dir()
     _core.profile_stop()
+    if directory:  # the same on every rank, whether or not cProfile ran there
+        _pyprofile.stop(directory)
+    else:
+        _pyprofile.discard()
+
+
+def _profile_stop_at_exit():
+    # MPIML_PROFILE: write the profile now, while the interpreter runs (MPI is
+    # finalized after it). The exit guard of MPI_Finalize runs first: it waits
+    # until every rank has ended, so the collectives below cannot meet a peer
+    # still inside the program's collectives (it aborts the job if one waits
+    # in a collective this rank never entered).
+    if not _pyprofile.running():
+        return
+    if not _core.is_initialized() or _core.is_finalized():
+        _pyprofile.discard()  # no MPI, no profile (as for the C++ side)
+        return
+    _pyprofile.pause()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _core._exit_guard()
+    try:
+        profile_stop()
+    except Exception as e:  # noqa: BLE001 - at exit: report, do not raise
+        sys.stdout.flush()
+        print("[mpiml] profile not written: %s" % e, file=sys.stderr, flush=True)
 
 
 def profiling():
@@ -155,3 +191,6 @@ class region:
 
 
 install_excepthooks()
+if os.environ.get("MPIML_PROFILE") and not _pyprofile.running():
+    _pyprofile.start()
+    atexit.register(_profile_stop_at_exit)

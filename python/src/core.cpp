@@ -22,6 +22,9 @@
 
 namespace py = pybind11;
 
+namespace mpiml::detail {
+void exit_guard_run();  // src/exit_guard.hpp (libmpiml, not installed)
+}
 
 namespace {
 
@@ -447,6 +450,13 @@ PYBIND11_MODULE(_core, m) {
         abort_job(what, code);
     });
     m.def("install_failure_handlers", [] { install_failure_handlers(); });
+    // The exit guard of MPI_Finalize, run early: a Python exit handler that
+    // needs collectives calls it first (returns once every rank has ended;
+    // aborts the job if a peer waits in a collective this rank never entered).
+    m.def("_exit_guard", [] {
+        py::gil_scoped_release nogil;
+        detail::exit_guard_run();
+    });
 
     // Benchmark hooks: k calls of the C++ API in a C++ loop (bench/peers/mpiml_peer.py
     // times them beside the Python calls, in the same process).

@@ -1,0 +1,176 @@
+"""Python profiles (cProfile per rank) of whole MPI jobs launched from the
+test (run by ctest at one rank): profile_<rank>.prof on every rank, and the
+summary's table of Python functions that differ between ranks."""
+import csv
+import json
+import os
+import pstats
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+PY = sys.executable
+MPIRUN = shutil.which("mpirun") or shutil.which("mpiexec")
+RANKS = 3
+
+PROGRAM = """
+    import sys, time
+    import numpy as np
+    import mpiml, mpiml.mpi_tools as mt
+
+    def slow_part():
+        time.sleep(0.4)
+
+    def step(r):
+        if r == 2:
+            slow_part()  # the others wait for rank 2 in the allreduce
+        mt.mpi_sum(np.ones(3))
+
+    r = mt.proc_id()
+    if sys.argv[1] == "env":
+        step(r)
+    else:  # profile_start / profile_stop inside the program, twice
+        mpiml.profile_start(sys.argv[2])
+        assert mpiml.profiling()
+        step(r)
+        mpiml.profile_stop()
+        assert not mpiml.profiling() and not mpiml._pyprofile.running()
+        step(r)  # not profiled
+        mpiml.profile_start(sys.argv[3])
+        mt.mpi_sum(np.ones(3))
+        mpiml.profile_stop()
+    sys.stdout.flush()
+    """
+
+
+def clean_env(**extra):
+    """This process's environment without the MPI runtime's variables (the
+    test itself runs under mpirun)."""
+    env = {k: v for k, v in os.environ.items()
+           if not (k.startswith(("OMPI_", "PMIX_", "PMI_", "OPAL_", "ORTE_", "HYDI_", "IN_MPI"))
+                   and not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")) and k != "MPIML_PROFILE"}
+    env.update(extra)
+    return env
+
+
+def mpirun(n, *args):
+    cmd = [MPIRUN, "-np", str(n)]
+    out = subprocess.run([MPIRUN, "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" in out or "OpenRTE" in out:
+        cmd += ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    return cmd + list(args)
+
+
+def run(tmp_path, *args, **env):
+    script = tmp_path / "imbalance.py"
+    script.write_text(textwrap.dedent(PROGRAM))
+    p = subprocess.run(mpirun(RANKS, PY, str(script), *args), capture_output=True, text=True,
+                       timeout=120, env=clean_env(**env))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "Traceback" not in p.stderr and "[mpiml]" not in p.stderr, p.stderr
+    return p
+
+
+def python_rows(d):
+    return json.loads((d / "summary.json").read_text())["python"]["rows"]
+
+
+def check_profile(d, stdout, slow_rank_expected=True):
+    """Every rank's .prof loads with pstats; the table names slow_part on rank 2."""
+    for r in range(RANKS):
+        s = pstats.Stats(str(d / ("profile_%d.prof" % r)))
+        slow = [v for k, v in s.stats.items() if k[2] == "slow_part"]
+        if r == 2:
+            assert slow and slow[0][3] > 0.3, s.stats.keys()  # cumulative time of its sleep
+        else:
+            assert not slow
+    rows = python_rows(d)
+    top = [row for row in rows if row["name"] == "slow_part"]
+    assert top, rows
+    row = top[0]
+    assert row["slowest_rank"] == 2 and row["max_s"] > 0.3 and row["min_s"] == 0.0, row
+    assert abs(row["mean_s"] - row["max_s"] / RANKS) < 1e-9 and row["function"].endswith(":6 slow_part")
+    assert rows.index(row) <= 1, rows  # the largest excess (with time.sleep, which it calls)
+    # the ranks that waited: the allreduce is slow on the others
+    mpi = [row for row in rows if "mpi_sum" in row["name"]]
+    assert mpi and mpi[0]["slowest_rank"] != 2, rows
+    # printed by rank 0 after the regions' table, and in summary.csv
+    lines = [line for line in stdout.splitlines() if "slow_part" in line]
+    assert len(lines) == 1 and "rank 2" in lines[0], stdout
+    with open(d / "summary.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    py = [t for t in table if t["kind"] == "python" and t["name"].endswith(" slow_part")]
+    assert len(py) == 1 and py[0]["slowest_rank"] == "2", table
+    assert any(t["kind"] == "mpi" and t["slowest_rank"] == "" for t in table), table
+
+
+def test_mpiml_profile_environment_writes_python_profiles(tmp_path):
+    d = tmp_path / "prof"
+    p = run(tmp_path, "env", MPIML_PROFILE=str(d))
+    check_profile(d, p.stdout)
+    assert sorted(os.listdir(d)) == sorted(
+        ["profile_%d.%s" % (r, ext) for r in range(RANKS) for ext in ("json", "prof")] +
+        ["summary.csv", "summary.json", "timeline.json"])
+
+
+def test_profile_start_stop_from_python(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    p = run(tmp_path, "api", str(a), str(b))
+    check_profile(a, p.stdout)
+    # the second profile: its own files, no slow_part (it ran between the profiles)
+    for r in range(RANKS):
+        s = pstats.Stats(str(b / ("profile_%d.prof" % r)))
+        assert not [k for k in s.stats if k[2] in ("slow_part", "step")], s.stats.keys()
+        assert [k for k in s.stats if "mpi_sum" in k[2]]
+    assert not [row for row in python_rows(b) if row["name"] == "slow_part"]
+
+
+def test_rank_ending_early_under_mpiml_profile_ends_the_job(tmp_path):
+    """The Python profile is written at exit with collectives: a rank that
+    ends while another waits in a collective still ends the job (exit guard),
+    never a hang."""
+    script = tmp_path / "early.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import numpy as np
+        import mpiml.mpi_tools as mt
+        mt.mpi_sum(np.ones(3))
+        if mt.proc_id() == 1:
+            sys.exit(0)
+        mt.mpi_sum(np.ones(3))  # waits for rank 1, which has ended
+        """))
+    p = subprocess.run(mpirun(2, PY, str(script)), capture_output=True, text=True, timeout=60,
+                       env=clean_env(MPIML_PROFILE=str(tmp_path / "prof")))
+    assert p.returncode != 0
+    assert "[mpiml] rank 1/2:" in p.stdout + p.stderr and "rank 0 waits in allreduce #2" in \
+        p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def test_unwritable_profile_file_raises_on_every_rank(tmp_path):
+    """A rank that cannot write its .prof: every rank raises mpiml.Error
+    naming the call, its rank and the rank that failed; no hang."""
+    script = tmp_path / "unwritable.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        import mpiml, mpiml.mpi_tools as mt
+        d = sys.argv[1]
+        mpiml.profile_start(d)
+        mt.mpi_sum(1.0)
+        if mt.proc_id() == 1:
+            os.mkdir(os.path.join(d, "profile_1.prof"))  # a directory: not writable as a file
+        try:
+            mpiml.profile_stop()
+        except mpiml.Error as e:
+            sys.stdout.write("caught: %s\\n" % e)  # one write: ranks' lines never interleave
+            sys.stdout.flush()
+        mt.mpi_sum(1.0)  # the ranks still agree
+        """))
+    p = subprocess.run(mpirun(2, PY, str(script), str(tmp_path / "prof")), capture_output=True,
+                       text=True, timeout=120, env=clean_env())
+    assert p.returncode == 0, p.stdout + p.stderr
+    caught = sorted(re.findall(r"caught: [^\n]*", p.stdout))
+    assert len(caught) == 2, p.stdout
+    assert "mpiml.profile_stop on rank 0/2: the Python profile of rank 1 was not written" in caught[0]
+    assert "mpiml.profile_stop on rank 1/2: cannot write" in caught[1] and "profile_1.prof" in caught[1]
