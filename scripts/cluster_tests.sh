@@ -155,6 +155,23 @@ if [ -x "$mpich_build/tests/test_core" ] && command -v mpiexec.mpich > /dev/null
     hosts_empty >> "$log/$name.log" || rc=1
     result "$name" $rc "($(secs "$t0") s)"
   done
+  # The exit guard under Hydra: a rank that exits while the others wait for it,
+  # with 2 ranks a host and with 1 (the remote read).
+  if [ -x "$mpich_build/tests/fault_child" ]; then
+    for spec in "h1:2,h2:2 4 3" "h1:1,h2:1 2 1"; do
+      read -r hl np faulty <<<"$spec"
+      name=mpich.rank_exits.${hl//[:,]/_}
+      t0=$(date +%s.%N)
+      MPIML_CLUSTER_MPI=mpich timeout 60 "$cl" run -n "$np" -hosts "$hl" "$mpich_build/tests/fault_child" exit "$faulty" \
+        > "$log/$name.log" 2>&1
+      rc=$?
+      [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
+        grep -Eq "rank $faulty/$np: exited with status 3 \(host h2\) while (rank [0-9]+ waits|ranks [0-9, ]+ wait) in allreduce #2" "$log/$name.log" || rc=1
+      [ $rc -eq 0 ] || rc=1
+      hosts_empty >> "$log/$name.log" || rc=1
+      result "$name" $rc "($(secs "$t0") s)"
+    done
+  fi
 else
   echo "-- MPICH across hosts: skipped (no MPICH build at $mpich_build or no mpiexec.mpich)"
 fi
