@@ -634,7 +634,7 @@ std::string summary_table(const std::vector<Row>& rows, int size, double wall,
     }
     s += "files: " + dir + "/profile_<rank>.json, " + dir + "/timeline.json (open in " +
          "https://ui.perfetto.dev or chrome://tracing), " + dir + "/summary.csv, " + dir +
-         "/summary.json";
+         "/summary.json, " + dir + "/imbalance.svg";
     return s;
 }
 
@@ -797,8 +797,63 @@ std::string write_timeline(const Output& o, const std::vector<ThreadEvents>& thr
     return f ? "" : "cannot write '" + o.dir + "/timeline.json'";
 }
 
+// imbalance.svg: one bar a rank, its wall time split into compute (outside
+// collectives), time in collectives and, of that, waiting for other ranks.
+// printf into a std::string (the SVG's elements).
+template <class... A>
+std::string svgf(const char* f, A... a) {
+    const int n = std::snprintf(nullptr, 0, f, a...);
+    std::string out(static_cast<std::size_t>(std::max(n, 0)), '\0');
+    std::snprintf(out.data(), out.size() + 1, f, a...);
+    return out;
+}
+
+std::string imbalance_svg(const std::map<AggKey, std::vector<Agg>>& rows, int size, double wall) {
+    std::vector<double> mpi(static_cast<std::size_t>(size)), wait(static_cast<std::size_t>(size));
+    for (const auto& [k, v] : rows) {
+        if (k.first != 1) continue;
+        for (int r = 0; r < size && r < static_cast<int>(v.size()); ++r) {
+            mpi[r] += static_cast<double>(v[r].total) * 1e-9;
+            wait[r] += static_cast<double>(v[r].wait) * 1e-9;
+        }
+    }
+    const double w = 520, x0 = 70, bar = 18, gap = 8, top = 40;
+    const double height = top + size * (bar + gap) + 40;
+    const double scale = wall > 0 ? w / wall : 0;
+    std::string s = svgf("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"%.0f\" "
+                        "font-family=\"sans-serif\" font-size=\"12\">\n", height);
+    s += svgf("<text x=\"10\" y=\"20\">time per rank, wall %.3f s: compute, in collectives "
+             "(busy), waiting for other ranks</text>\n", wall);
+    for (int r = 0; r < size; ++r) {
+        const double m = std::min(mpi[r], wall), wt = std::min(wait[r], m);
+        const double compute = std::max(wall - m, 0.0), busy = m - wt;
+        const double y = top + r * (bar + gap);
+        s += svgf("<text x=\"10\" y=\"%.1f\">rank %d</text>\n", y + 13, r);
+        double x = x0;
+        const std::pair<const char*, double> parts[] = {
+            {"compute", compute}, {"mpi", busy}, {"wait", wt}};
+        const char* colors[] = {"#4c78a8", "#f58518", "#e45756"};
+        for (int i = 0; i < 3; ++i) {
+            const double len = parts[i].second * scale;
+            s += svgf("<rect class=\"%s\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.0f\" "
+                     "fill=\"%s\"><title>rank %d %s %.6f s</title></rect>\n",
+                     parts[i].first, x, y, len, bar, colors[i], r, parts[i].first, parts[i].second);
+            x += len;
+        }
+    }
+    const double ly = top + size * (bar + gap) + 14;
+    const char* names[] = {"compute", "in collectives", "waiting"};
+    const char* colors[] = {"#4c78a8", "#f58518", "#e45756"};
+    for (int i = 0; i < 3; ++i) {
+        s += svgf("<rect x=\"%.0f\" y=\"%.0f\" width=\"12\" height=\"12\" fill=\"%s\"/>"
+                 "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
+                 x0 + i * 150.0, ly, colors[i], x0 + i * 150.0 + 16, ly + 11, names[i]);
+    }
+    return s + "</svg>\n";
+}
+
 // Every rank's totals to rank 0, which prints the table and writes
-// summary.csv and summary.json.
+// summary.csv, summary.json and imbalance.svg.
 std::string write_summary(const Output& o, const std::vector<ThreadEvents>& threads,
                           std::int64_t stop) {
     constexpr const char* call = "mpiml::profile_stop";
@@ -833,6 +888,7 @@ std::string write_summary(const Output& o, const std::vector<ThreadEvents>& thre
     std::fflush(stdout);
     std::string e = write_file(o.dir + "/summary.csv", "", summary_csv(table), "");
     if (e.empty()) e = write_file(o.dir + "/summary.json", "", summary_json(table, o.size, o.wall), "");
+    if (e.empty()) e = write_file(o.dir + "/imbalance.svg", "", imbalance_svg(rows, o.size, o.wall), "");
     return e;
 }
 

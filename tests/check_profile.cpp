@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -152,6 +153,16 @@ int main(int argc, char** argv) {
     std::string header;
     if (!std::getline(csv, header) || header.rfind("name,kind,ranks,", 0) != 0)
         fail("summary.csv: missing or unexpected header");
+
+    // imbalance.svg: compute, mpi and wait bars for every rank, no wider than the wall time.
+    std::ifstream svg_in(dir + "/imbalance.svg");
+    const std::string svg((std::istreambuf_iterator<char>(svg_in)), std::istreambuf_iterator<char>());
+    if (svg.rfind("<svg", 0) != 0 || svg.find("</svg>") == std::string::npos)
+        fail("imbalance.svg: missing or not an SVG");
+    for (int r = 0; r < ranks; ++r)
+        for (const char* part : {"compute", "mpi", "wait"})
+            if (svg.find("<title>rank " + std::to_string(r) + " " + part + " ") == std::string::npos)
+                fail("imbalance.svg: no " + std::string(part) + " bar for rank " + std::to_string(r));
 
     if (failures) return 1;
     std::printf("check_profile: %s OK (%d ranks)\n", dir.c_str(), ranks);
