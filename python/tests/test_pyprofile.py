@@ -112,7 +112,7 @@ def test_mpiml_profile_environment_writes_python_profiles(tmp_path):
     check_profile(d, p.stdout)
     assert sorted(os.listdir(d)) == sorted(
         ["profile_%d.%s" % (r, ext) for r in range(RANKS) for ext in ("json", "prof")] +
-        ["summary.csv", "summary.json", "timeline.json"])
+        ["imbalance.svg", "summary.csv", "summary.json", "timeline.json"])
 
 
 def test_profile_start_stop_from_python(tmp_path):
