@@ -18,13 +18,13 @@ PY = sys.executable
 MPIRUN = shutil.which("mpirun") or shutil.which("mpiexec")
 
 
-def clean_env(**extra):
+def clean_env(drop=("MPIML_TIMEOUT",), **extra):
     """This process's environment without the MPI runtime's variables (the
-    test itself runs under mpirun) and without MPIML_TIMEOUT (the hooks, not
-    the watchdog, must end the jobs)."""
+    test itself runs under mpirun) and without the variables in drop (by
+    default MPIML_TIMEOUT: the hooks, not the watchdog, must end the jobs)."""
     env = {k: v for k, v in os.environ.items()
            if not (k.startswith(("OMPI_", "PMIX_", "PMI_", "OPAL_", "ORTE_", "HYDI_", "IN_MPI"))
-                   and not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")) and k != "MPIML_TIMEOUT"}
+                   and not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")) and k not in drop}
     env.update(extra)
     return env
 

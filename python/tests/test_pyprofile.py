@@ -6,13 +6,13 @@ import json
 import os
 import pstats
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
 
+from test_jobs import clean_env as _clean_env, mpirun  # noqa: E402 (the jobs' environment and launcher)
+
 PY = sys.executable
-MPIRUN = shutil.which("mpirun") or shutil.which("mpiexec")
 RANKS = 3
 
 PROGRAM = """
@@ -46,21 +46,9 @@ PROGRAM = """
 
 
 def clean_env(**extra):
-    """This process's environment without the MPI runtime's variables (the
-    test itself runs under mpirun)."""
-    env = {k: v for k, v in os.environ.items()
-           if not (k.startswith(("OMPI_", "PMIX_", "PMI_", "OPAL_", "ORTE_", "HYDI_", "IN_MPI"))
-                   and not k.startswith("OMPI_ALLOW_RUN_AS_ROOT")) and k != "MPIML_PROFILE"}
-    env.update(extra)
-    return env
-
-
-def mpirun(n, *args):
-    cmd = [MPIRUN, "-np", str(n)]
-    out = subprocess.run([MPIRUN, "--version"], capture_output=True, text=True).stdout
-    if "Open MPI" in out or "OpenRTE" in out:
-        cmd += ["--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-    return cmd + list(args)
+    """test_jobs' environment for the jobs, keeping MPIML_TIMEOUT and dropping
+    MPIML_PROFILE (each test sets its own)."""
+    return _clean_env(drop=("MPIML_PROFILE",), **extra)
 
 
 def run(tmp_path, *args, **env):
