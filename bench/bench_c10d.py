@@ -1,11 +1,12 @@
 """torch.distributed: the "mpiml" backend against Gloo, side by side in one run.
 
   mpirun -np 2 /usr/bin/python3 bench/bench_c10d.py [--max-bytes=67108864] [--rounds=5]
-      [--round-ms=50] [--parts=sweep,ddp]
+      [--round-ms=50] [--parts=sweep,ddp] [--sizes=4,33554432] [--gloo=0]
 
 The default group is "mpiml"; a Gloo group over the same ranks is created
 with new_group(backend="gloo"). Parts:
   sweep  dist.all_reduce (SUM, float32, in place) from 4 B to max-bytes
+         (x4 steps to 16 MiB, then x2), or only the byte counts of --sizes
   ddp    one DistributedDataParallel training step (zero_grad, forward,
          backward with DDP's bucketed all_reduce overlapped, default 25 MiB
          buckets) on Spinning Up's (64,64) MLP actor-critic and on the
@@ -75,6 +76,7 @@ def main():
     rounds = int(common.arg("rounds", 5))
     round_s = float(common.arg("round-ms", 50)) / 1000
     parts = common.arg("parts", "sweep,ddp").split(",")
+    with_gloo = common.arg("gloo", "1") != "0"
     torch.set_num_threads(1)
     mpiml.torch.init_process_group(timeout=datetime.timedelta(seconds=300))
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -84,17 +86,22 @@ def main():
         print(json.dumps({"suite": "c10d", "torch": torch.__version__, "ranks": n}), flush=True)
 
     if "sweep" in parts:
-        size = 4
+        sizes, size = [], 4
         while size <= max_bytes:
+            sizes.append(size)
+            size *= 4 if size < (16 << 20) else 2
+        if common.arg("sizes", ""):
+            sizes = [int(float(s)) for s in common.arg("sizes", "").split(",")]
+        for size in sizes:
             t_m = torch.ones(size // 4)
             t_g = torch.ones(size // 4)
-            res = common.measure(comm, [
-                common.Variant("mpiml", lambda: dist.all_reduce(t_m)),
-                common.Variant("gloo", lambda: dist.all_reduce(t_g, group=gloo)),
-            ], rounds=rounds, round_seconds=round_s, budget_seconds=6.0)
+            variants = [common.Variant("mpiml", lambda: dist.all_reduce(t_m))]
+            if with_gloo:
+                variants.append(common.Variant("gloo", lambda: dist.all_reduce(t_g, group=gloo)))
+            res = common.measure(comm, variants, rounds=rounds, round_seconds=round_s,
+                                 budget_seconds=6.0)
             for r in res:
                 common.emit(rank, "c10d", "all_reduce", n, r, bytes=size)
-            size *= 4 if size < (16 << 20) else 2
 
     if "ddp" in parts:
         for name in ("ac64", "resnet50"):
