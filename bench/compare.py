@@ -24,10 +24,12 @@ instead. Workloads, 2 ranks:
 
 The Python scripts are this tree's, run on each revision's package. Results:
 bench/results/compare.json (each repeat's median for both sides), which
-scripts/bench.sh renders into BENCHMARKS.md, and a table on stdout: the median
-of each side and the median over repeats of the paired ratio new / old, with
-its range. The controls run code that is the same in both revisions, so their
-ratios show the noise of this run.
+scripts/bench.sh renders into BENCHMARKS.md, and a table on stdout: each job's
+best round (minimum over its rounds; for bench_torch_grads the 10th percentile
+of single calls: under load the low end is the stable one), the median over
+the pairs, and the median over the pairs of the paired ratio new / old, with
+its range (and the same ratio from the medians). The controls run code that
+is the same in both revisions, so their ratios show the noise of this run.
 """
 import argparse
 import datetime
@@ -107,20 +109,23 @@ def jobs(build_dir, tmp):
     peers = os.path.join(ROOT, "bench", "peers")
     grads_json = os.path.join(tmp, "torch_grads.json")
 
+    # each parser: {key: (median, low)}, low = the minimum over rounds (the
+    # 10th percentile of single calls for bench_torch_grads)
     def cpp(_recs):
         with open(grads_json) as f:
             rows = json.load(f)["results"]
-        return {r["method"]: r["median_us"] for r in rows
-                if r["hidden"] == "64,64" and r["operation"] == "average gradients"}
+        return {r["method"]: (r["median_us"], r["p10_us"]) for r in rows
+                if r["hidden"] == "(64,64)" and r["operation"] == "average gradients"}
 
     def by_impl(recs):
-        return {r["impl"]: r["median_us"] for r in recs}
+        return {r["impl"]: (r["median_us"], r["min_us"]) for r in recs}
 
     def c10d(recs):
-        return {r["bytes"]: r["median_us"] for r in recs if r.get("bench") == "all_reduce"}
+        return {r["bytes"]: (r["median_us"], r["min_us"]) for r in recs
+                if r.get("bench") == "all_reduce"}
 
     def coll(recs):
-        return {r["impl"]: r["median_us"] for r in recs
+        return {r["impl"]: (r["median_us"], r["min_us"]) for r in recs
                 if r.get("bench") == "allreduce" and r.get("bytes") == 64 << 20}
 
     return [
@@ -129,10 +134,11 @@ def jobs(build_dir, tmp):
         ("python", [PYTHON, os.path.join(peers, "mpiml_peer.py"), "--parts=averager",
                     "--side-by-side", "--models=ac64", "--rounds=7"], ("PYTHONPATH",), by_impl),
         ("c10d", [PYTHON, os.path.join(ROOT, "bench", "bench_c10d.py"), "--parts=sweep",
-                  "--sizes=4,%d" % (32 << 20), "--gloo=0", "--rounds=7"],
+                  "--sizes=4,%d" % (32 << 20), "--gloo=0", "--rounds=7", "--round-ms=100"],
          ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT"), c10d),
         ("coll", [os.path.join(build_dir, "bench", "bench_collectives"), "--parts=sweep",
-                  "--min-bytes=%d" % (64 << 20), "--max-bytes=%d" % (64 << 20), "--rounds=7"],
+                  "--min-bytes=%d" % (64 << 20), "--max-bytes=%d" % (64 << 20), "--rounds=7",
+                  "--round-ms=200"],
          (), coll),
     ]
 
@@ -146,15 +152,18 @@ def summarize(samples):
     for job, rows in ROWS.items():
         for key, label, control in rows:
             s = samples.get(job, {}).get(str(key))
-            if not s or not s["old"] or not s["new"] or len(s["old"]) != len(s["new"]):
+            if not s or not s["old"]:
                 out.append({"label": label, "control": control, "missing": True})
                 continue
-            ratios = [n / o for o, n in zip(s["old"], s["new"]) if o]
+            ratios = [n / o for o, n in zip(s["old_low"], s["new_low"]) if o]
+            med_ratios = [n / o for o, n in zip(s["old"], s["new"]) if o]
             out.append({"label": label, "control": control, "job": job, "key": str(key),
                         "old_us": [round(x, 3) for x in s["old"]],
                         "new_us": [round(x, 3) for x in s["new"]],
+                        "old_low_us": [round(x, 3) for x in s["old_low"]],
+                        "new_low_us": [round(x, 3) for x in s["new_low"]],
                         "ratio": statistics.median(ratios), "ratio_min": min(ratios),
-                        "ratio_max": max(ratios)})
+                        "ratio_max": max(ratios), "median_ratio": statistics.median(med_ratios)})
     return out
 
 
@@ -166,12 +175,12 @@ def table(data):
         if r.get("missing"):
             rows.append([r["label"], "n/a", "n/a", "n/a", ""])
             continue
-        rows.append([r["label"], run.fmt_us(statistics.median(r["old_us"])),
-                     run.fmt_us(statistics.median(r["new_us"])), "%.2f" % r["ratio"],
-                     "%.2f-%.2f" % (r["ratio_min"], r["ratio_max"])])
+        rows.append([r["label"], run.fmt_us(statistics.median(r["old_low_us"])),
+                     run.fmt_us(statistics.median(r["new_low_us"])), "**%.2f**" % r["ratio"],
+                     "%.2f-%.2f" % (r["ratio_min"], r["ratio_max"]), "%.2f" % r["median_ratio"]])
     return run.table(["Workload (2 ranks)", "before `%s`" % m["old"]["short"],
                       "after `%s`" % m["new"]["short"], "after / before",
-                      "range over %d pairs" % m["repeats"]], rows)
+                      "range over %d pairs" % m["repeats"], "after / before, medians"], rows)
 
 
 def main():
@@ -218,6 +227,8 @@ def main():
                 env["PYTHONPATH"] = os.path.join(s["build"], "python")
                 env["MASTER_PORT"] = str(run.free_port())
                 loads.append(os.getloadavg()[0])
+                if os.path.exists(os.path.join(tmp, "torch_grads.json")):
+                    os.remove(os.path.join(tmp, "torch_grads.json"))  # no stale results
                 recs, err, _ = run.run_job("%s_%s_%d" % (name, side, rep),
                                            run.launcher(2, env_names) + argv, env, tmp)
                 if err:
@@ -228,13 +239,17 @@ def main():
                 except (OSError, KeyError, ValueError) as e:
                     failures["%s_%s_%d" % (name, side, rep)] = "no results: %s" % e
                     continue
-                for k, v in got.items():
-                    samples.setdefault(name, {}).setdefault(str(k), {"old": [], "new": []})[side].append(v)
+                for k, (med, low) in got.items():
+                    d = samples.setdefault(name, {}).setdefault(
+                        str(k), {"old": [], "new": [], "old_low": [], "new_low": []})
+                    d[side].append(med)
+                    d[side + "_low"].append(low)
     # keep only complete pairs
     for job in samples.values():
         for s in job.values():
             n = min(len(s["old"]), len(s["new"]))
-            s["old"], s["new"] = s["old"][:n], s["new"][:n]
+            for k in s:
+                s[k] = s[k][:n]
     soft = run.software_info()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": run.machine_info(), "mpi": "%s %s" % (soft["mpi"], soft["mpi_version"]),
