@@ -45,9 +45,6 @@ import run  # bench/run.py: launcher, machine and software description, formatti
 ROOT = run.ROOT
 RESULTS = os.path.join(ROOT, "bench", "results", "compare.json")
 PYTHON = run.PYTHON
-# Configure as scripts/build.sh does (same flags: ccache reuses its objects).
-CONFIGURE = ["-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DMPIML_WITH_TORCH=ON", "-DMPIML_BUILD_TESTS=ON",
-             "-DMPIML_BUILD_APPS=ON", "-DMPIML_BUILD_BENCH=ON"]
 TARGETS = ["bench_torch_grads", "bench_collectives", "_core", "_torch", "_c10d"]
 
 # (workload, impl as the job reports it, label, control?)
@@ -88,19 +85,8 @@ def checkout(rev, workdir):
 
 
 def build(src, build_dir, nice):
-    """Configures once, then builds the targets this revision has."""
-    if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
-        log("configuring", build_dir)
-        r = run.sh(["cmake", "-S", src, "-B", build_dir] + CONFIGURE)
-        if r.returncode:
-            sys.exit("configure failed:\n" + r.stdout[-3000:] + r.stderr[-3000:])
-    have = run.sh(["cmake", "--build", build_dir, "--target", "help"]).stdout
-    targets = [t for t in TARGETS if "... " + t in have]
-    log("building", build_dir, ":", " ".join(targets))
     t0 = time.time()
-    r = run.sh(["nice", "-n", str(nice), "cmake", "--build", build_dir, "-j2", "--target"] + targets)
-    if r.returncode:
-        sys.exit("build failed:\n" + r.stdout[-5000:] + r.stderr[-5000:])
+    run.build_targets(build_dir, TARGETS, nice=nice, src=src)
     log("built in %.0f s" % (time.time() - t0))
 
 

@@ -171,7 +171,10 @@ def render(data):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
+    bench_build = os.path.join(ROOT, "build-bench")  # scripts/bench.sh's, when it has the programs
+    ap.add_argument("--build-dir", default=bench_build if os.access(
+        os.path.join(bench_build, "apps", "mpiml-ppo"), os.X_OK) else os.path.join(ROOT, "build"),
+        help="where mpiml-ppo and bench_sgemm are (default: build-bench/ when it has them, else build/)")
     ap.add_argument("--peer", default=os.environ.get("SPINUP_PPO_DIR") or DEFAULT_PEER,
                     help="Spinning Up's PPO folder (with run_ppo.py): $SPINUP_PPO_DIR if set, else "
                          "../shared/peers/spinup_ppo beside the repository (now %(default)s)")

@@ -195,23 +195,30 @@ def compare(data):
     m = data["meta"]
     mach = m["machine"]
     controls = [r for r in data["rows"] if r.get("control") and not r.get("missing")]
-    spread = [abs(math.log(x)) for r in controls for x in (r["ratio_min"], r["ratio_max"])]
-    lines = ["Before: `%s` (%s). After: `%s` (%s). Measured %s on %s (%s cores), %s, 2 ranks, "
-             "%d pairs of runs alternated (old, new, then new, old); %s. Command: `%s`." % (
-                 m["old"]["short"], m["old"]["subject"][:80], m["new"]["short"],
-                 m["new"]["subject"][:80], m["date"], mach.get("cpu", "?"), mach.get("cores"),
-                 m["mpi"], m["repeats"],
+
+    def rev(side):
+        subject = m[side]["subject"]
+        if len(subject) > 70:
+            subject = subject[:70].rsplit(" ", 1)[0] + " ..."
+        return "`%s` (\"%s\")" % (m[side]["short"], subject)
+    same = m["old"]["commit"] == m["new"]["commit"]
+    lines = ["Before: %s. After: %s%s. Measured %s on %s (%s cores), %s, 2 ranks, %d pairs of "
+             "runs alternated (old, new, then new, old); %s. Command: `%s`." % (
+                 rev("old"), rev("new"),
+                 " (the same commit: this run shows only the noise)" if same else "",
+                 m["date"], mach.get("cpu", "?"), mach.get("cores"), m["mpi"], m["repeats"],
                  load_text(m["loadavg"][::2], mach.get("cores")).replace(
                      " before / after", " lowest / highest during the run"), m["command"]), "",
-             cmp.table(data), ""]
-    lines.append("Times: each job's best round (the minimum over its rounds; for the C++ rows "
-                 "the 10th percentile of single calls), the median over the pairs. after / "
-                 "before: the median over the pairs of the paired ratio of those, its range, "
-                 "and the same from each job's median round. Below 1 the after revision is "
-                 "faster.")
-    if spread:
-        lines.append("The controls run code that is the same in both revisions: their ranges "
-                     "(up to %.0f%% from 1 here) show this run's noise." % (100 * (math.exp(max(spread)) - 1)))
+             cmp.table(data), "",
+             "Times: each job's best round (the minimum over its rounds; for the C++ rows the "
+             "10th percentile of single calls), the median over the pairs. after / before: the "
+             "median over the pairs of the paired ratio of those, its range, and the same from "
+             "each job's median round. Below 1 the after revision is faster."]
+    if controls:
+        lo = min(r["ratio_min"] for r in controls)
+        hi = max(r["ratio_max"] for r in controls)
+        lines += ["", "The controls run code that is the same in both revisions, so their paired "
+                  "ratios, %.2f-%.2f in this run, show its noise." % (lo, hi)]
     if m.get("failures"):
         lines += ["", "Jobs that failed: " + "; ".join("`%s`: %s" % kv for kv in m["failures"].items())]
     return "\n".join(lines)
