@@ -6,7 +6,9 @@ stored results in bench/results/ (the SVG figures go to bench/results/figures/).
   scripts/bench.sh render      # what every benchmark command does at its end
   bench/report.py --check      # exit 1 when BENCHMARKS.md or a figure is stale
 
-Sections: {{allreduce}} {{grads}} {{suite}} (latest.json, scripts/bench.sh),
+Sections: {{allreduce}} {{grads}} {{suite}} (latest.json, scripts/bench.sh;
+{{allreduce}} takes the torch.distributed sweep from c10d.json when latest.json
+has none: scripts/bench.sh --ranks=2 --only=c10d --output=bench/results/c10d.json),
 {{python}} (python.json, scripts/bench.sh --python), {{ppo}} (ppo.json,
 scripts/bench.sh ppo), {{compare}} (compare.json, scripts/bench_compare.sh).
 A section whose results file is missing says which command makes it.
@@ -70,9 +72,10 @@ def load_text(avgs, cores):
 
 def suite_caption(data, what, command):
     m, s, meta = data["meta"]["machine"], data["meta"]["software"], data["meta"]
-    return ("%s Measured %s at commit `%s` on %s (%s cores, %s GiB), %s %s, 2 ranks; %s. "
-            "Command: `%s`." % (what, meta["date"], s.get("commit", "?"), m.get("cpu", "?"),
-                                m.get("cores"), m.get("memory_gib", "?"), s["mpi"], s["mpi_version"],
+    return ("%s %seasured %s at commit `%s` on %s (%s cores, %s GiB), %s %s, 2 ranks; %s. "
+            "Command: `%s`." % (what, "m" if what.endswith(":") else "M", meta["date"],
+                                s.get("commit", "?"), m.get("cpu", "?"), m.get("cores"),
+                                m.get("memory_gib", "?"), s["mpi"], s["mpi_version"],
                                 load_text(meta["loadavg"], m.get("cores")), command))
 
 
@@ -88,10 +91,16 @@ SWEEP = [("collectives", "allreduce", "mpiml", "mpiml::allreduce (C++)"),
          ("c10d", "all_reduce", "gloo", "dist.all_reduce, backend \"gloo\"")]
 
 
-def allreduce(data):
+def allreduce(data, c10d=None):
+    """The suite's C++ sweep and torch.distributed sweep; the latter from c10d
+    (bench/results/c10d.json, the sweep run alone) when the suite has none."""
     if not data:
         return missing("scripts/bench.sh", "the allreduce sweep")
     res = [r for r in data["results"] if r.get("ranks") == 2]
+    # c10d.json is used only when the suite's own run has no torch.distributed sweep
+    separate = c10d and not any(r.get("suite") == "c10d" for r in res)
+    if separate:
+        res += [r for r in c10d["results"] if r.get("ranks") == 2 and r.get("suite") == "c10d"]
     series = []
     for suite, bench, impl, label in SWEEP:
         pts = sorted((r["bytes"], r["median_us"]) for r in res
@@ -104,21 +113,28 @@ def allreduce(data):
                         "message size", "time per call, slowest rank", series,
                         x_fmt=fmt_size, y_fmt=fmt_time, x_base=4)
     sizes = sorted({x for _, pts in series for x, _ in pts})
-    cols = [dict(pts) for _, pts in series]
-    rows = [[fmt_size(b)] + [run.fmt_us(c.get(b)) if c.get(b) else "" for c in cols]
-            + ["%s" % run.fmt_x(cols[1][b] / cols[0][b]) if len(cols) > 1 and b in cols[0]
-               and b in cols[1] else "",
-               "%s" % run.fmt_x(cols[3][b] / cols[2][b]) if len(cols) > 3 and b in cols[2]
-               and b in cols[3] else ""]
-            for b in sizes]
-    c10d = "dist.all_reduce" in " ".join(n for n, _ in series)
-    lines = [figure("allreduce.svg", svg, "allreduce time against message size"), "",
-             suite_caption(data, "Median over rounds of the slowest rank's time per call; the "
-                           "C++ calls out of place, torch.distributed in place. The two C++ "
-                           "lines ran in one job, the two torch.distributed lines in another "
-                           "(a Gloo group beside the \"mpiml\" default group in the same "
-                           "processes).", data["meta"].get("command", "scripts/bench.sh")), ""]
-    if not c10d:
+    cols = {n: dict(pts) for n, pts in series}
+
+    def ratio(a, b, size):
+        a, b = cols.get(SWEEP[a][3], {}).get(size), cols.get(SWEEP[b][3], {}).get(size)
+        return run.fmt_x(a / b) if a and b else ""
+    rows = [[fmt_size(b)] + [run.fmt_us(cols[n][b]) if b in cols[n] else "" for n, _ in series]
+            + [ratio(1, 0, b), ratio(3, 2, b)] for b in sizes]
+    c10d_lines = any(n.startswith("dist.") for n, _ in series)
+    how = ("Median over rounds of the slowest rank's time per call; the C++ calls out of place, "
+           "torch.distributed in place. The two C++ lines ran in one job, the two "
+           "torch.distributed lines in another (a Gloo group beside the \"mpiml\" default group "
+           "in the same processes).")
+    lines = [figure("allreduce.svg", svg, "allreduce time against message size"), ""]
+    if separate:
+        lines += [how + " The two jobs ran at different times, commits and loads (below): compare "
+                  "lines within a job, not across.", "",
+                  suite_caption(data, "The C++ lines:", data["meta"].get("command", "scripts/bench.sh")),
+                  "", suite_caption(c10d, "The torch.distributed lines:",
+                                    c10d["meta"].get("command", "scripts/bench.sh")), ""]
+    else:
+        lines += [suite_caption(data, how, data["meta"].get("command", "scripts/bench.sh")), ""]
+    if not c10d_lines:
         lines += ["The torch.distributed lines are missing: the Python package with the backend "
                   "was not built for this run.", ""]
     lines.append(run.table(["Size"] + [n for n, _ in series] + ["MPI / mpiml", "Gloo / backend \"mpiml\""],
@@ -242,7 +258,10 @@ def render(results=RESULTS, template=TEMPLATE):
         key = line.strip()[2:-2] if line.strip().startswith("{{") and line.strip().endswith("}}") else None
         if key in SECTIONS:
             name, fn = SECTIONS[key]
-            out.append(fn(load(results, name)))
+            if key == "allreduce":
+                out.append(fn(load(results, name), load(results, "c10d.json")))
+            else:
+                out.append(fn(load(results, name)))
         elif key:
             raise SystemExit("%s: unknown section %s" % (template, line.strip()))
         else:

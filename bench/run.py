@@ -33,6 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = os.environ.get("MPIML_BENCH_PYTHON", "/usr/bin/python3")
 RESULTS = os.path.join(ROOT, "bench", "results", "latest.json")
 PY_RESULTS = os.path.join(ROOT, "bench", "results", "python.json")
+C10D_RESULTS = os.path.join(ROOT, "bench", "results", "c10d.json")
 JOB_TIMEOUT = 1200  # seconds per mpirun job
 
 
@@ -685,6 +686,10 @@ def main():
     ap.add_argument("--no-markdown", action="store_true")
     ap.add_argument("--compare", metavar="GIT_REF")
     ap.add_argument("--nice", type=int, default=0, help="niceness of the benchmark jobs")
+    ap.add_argument("--only", metavar="JOBS",
+                    help="run only these jobs (collectives,grads,seed,mpiml_python,gloo,c10d); "
+                         "e.g. --only=c10d --output=bench/results/c10d.json: the "
+                         "torch.distributed sweep alone, shown when the suite's results have none")
     ap.add_argument("--repeats", type=int, default=None,
                     help="--python: run the jobs this many times, interleaved, and keep each "
                          "workload's best median (default 3): a shared machine's load then hits "
@@ -720,6 +725,8 @@ def main():
     results, failures, seconds = [], {}, {}
     mpi_version = ""
     jobs = plan_python(a.quick, have_grads) if a.python else plan(ranks, a.quick, have_grads)
+    if a.only:
+        jobs = [j for j in jobs if j[0].split("_np")[0] in a.only.split(",")]
     if a.python:
         ranks = [2]
         repeats = a.repeats or (1 if a.quick else 5)
@@ -781,7 +788,7 @@ def main():
     if out:
         write_results(data, out)
         log("wrote", out)
-        if not a.no_markdown and os.path.abspath(out) == RESULTS:
+        if not a.no_markdown and os.path.abspath(out) in (RESULTS, C10D_RESULTS):
             import report
             log("wrote", report.write())
     for h in data["headline"]:
