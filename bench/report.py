@@ -14,9 +14,7 @@ scripts/bench.sh ppo), {{compare}} (compare.json, scripts/bench_compare.sh).
 A section whose results file is missing says which command makes it.
 """
 import json
-import math
 import os
-import statistics
 import sys
 
 import run
