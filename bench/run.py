@@ -143,14 +143,10 @@ def run_job(name, cmd, env, logdir, nice=0):
     return records, error, secs
 
 
-def have_python_package():
-    return any(f.startswith("_core") for f in os.listdir(os.path.join(BUILD_DIR, "python", "mpiml"))) \
-        if os.path.isdir(os.path.join(BUILD_DIR, "python", "mpiml")) else False
-
-
-def have_c10d():
+def have_module(prefix):
+    """Whether the build's Python package has this extension (_core, _c10d, ...)."""
     d = os.path.join(BUILD_DIR, "python", "mpiml")
-    return os.path.isdir(d) and any(f.startswith("_c10d") for f in os.listdir(d))
+    return os.path.isdir(d) and any(f.startswith(prefix) for f in os.listdir(d))
 
 
 def plan_python(quick, have_grads):
@@ -172,7 +168,7 @@ def plan(ranks, quick, have_grads):
     coll = os.path.join(BUILD_DIR, "bench", "bench_collectives")
     grads = os.path.join(BUILD_DIR, "bench", "bench_grads")
     peers = os.path.join(ROOT, "bench", "peers")
-    py = have_python_package()
+    py = have_module("_core")
     for n in ranks:
         over = n > cores
         rounds = "3" if quick else ("5" if over else "7")
@@ -192,7 +188,7 @@ def plan(ranks, quick, have_grads):
         jobs.append(("gloo_np%d" % n, n, [PYTHON, os.path.join(peers, "gloo_peer.py"),
                                           "--models=" + models] + common,
                      ("MASTER_ADDR", "MASTER_PORT")))
-        if have_c10d() and not over:  # dist.all_reduce: backend "mpiml" against Gloo
+        if have_module("_c10d") and not over:  # dist.all_reduce: backend "mpiml" against Gloo
             jobs.append(("c10d_np%d" % n, n, [PYTHON, os.path.join(ROOT, "bench", "bench_c10d.py"),
                                               "--parts=sweep", "--max-bytes=" + sweep[0].split("=")[1]]
                          + common, ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT")))
@@ -741,7 +737,7 @@ def main():
         for r in recs:
             if r.get("suite") == "meta":
                 mpi_version = r.get("mpi_library_version", mpi_version)
-            else:
+            elif "bench" in r:  # not a program's header line
                 r["oversubscribed"] = n > (os.cpu_count() or 1)
                 results.append(r)
     meta = {
