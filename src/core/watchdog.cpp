@@ -1,7 +1,7 @@
 // Collective watchdog: a rank stuck in a collective past its deadline says
 // where it waits and which ranks never arrived, then aborts the job.
-#include "state.hpp"
-#include "watchdog.hpp"
+#include "core/state.hpp"
+#include "core/watchdog.hpp"
 
 #include <mpiml/failure.hpp>
 

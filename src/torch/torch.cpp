@@ -1,6 +1,6 @@
 // LibTorch utilities: setup_pytorch_for_mpi and mpi_avg(tensor);
 // sync_params is in torch_sync.cpp, mpi_avg_grads in torch_grads.cpp.
-#include "torch_common.hpp"
+#include "torch/common.hpp"
 
 #include <mpiml/error.hpp>
 

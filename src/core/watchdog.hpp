@@ -1,7 +1,7 @@
 // The collective watchdog (watchdog.cpp).
 #pragma once
 
-#include "call.hpp"
+#include "core/call.hpp"
 
 #include <cstdint>
 

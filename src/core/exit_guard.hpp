@@ -2,7 +2,7 @@
 // in a collective ends the job instead of hanging in MPI_Finalize.
 #pragma once
 
-#include "call.hpp"
+#include "core/call.hpp"
 
 #include <cstdint>
 

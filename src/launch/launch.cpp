@@ -1,6 +1,6 @@
-#include "config.hpp"
-#include "profile_hooks.hpp"
-#include "state.hpp"
+#include "core/config.hpp"
+#include "core/profile_hooks.hpp"
+#include "core/state.hpp"
 
 #include <mpiml/error.hpp>
 #include <mpiml/launch.hpp>

@@ -2,8 +2,8 @@
 #include <mpiml/checkpoint.hpp>
 #include <mpiml/collectives.hpp>
 
-#include "agreement.hpp"
-#include "checkpoint_hash.hpp"
+#include "core/agreement.hpp"
+#include "checkpoint/checkpoint_hash.hpp"
 
 #include <nlohmann/json.hpp>
 

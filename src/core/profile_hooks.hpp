@@ -1,7 +1,7 @@
 // The profiler's entry points for the rest of mpiml (profile.cpp).
 #pragma once
 
-#include "call.hpp"
+#include "core/call.hpp"
 
 #include <mpiml/profile.hpp>
 

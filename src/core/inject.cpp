@@ -1,7 +1,7 @@
 // MPIML_INJECT: faults at a chosen collective, on the first attempt only, for
 // tests of failure handling and of recovery (docs/RELIABILITY.md).
-#include "config.hpp"
-#include "state.hpp"
+#include "core/config.hpp"
+#include "core/state.hpp"
 
 #include <unistd.h>
 

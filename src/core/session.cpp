@@ -1,7 +1,7 @@
-#include "config.hpp"
-#include "exit_guard.hpp"
-#include "profile_hooks.hpp"
-#include "state.hpp"
+#include "core/config.hpp"
+#include "core/exit_guard.hpp"
+#include "core/profile_hooks.hpp"
+#include "core/state.hpp"
 
 #include <mpiml/failure.hpp>
 #include <mpiml/session.hpp>
@@ -195,6 +195,18 @@ void set_check(bool on) {
 bool check_enabled() {
     ensure_initialized();
     return state().check;
+}
+
+int run(int argc, char** argv, const std::function<int(int, char**)>& fn) {
+    Session session(argc, argv);
+    int rc = 0;
+    try {
+        rc = fn(argc, argv);
+    } catch (...) {
+        abort_job(detail::current_exception_text(), 1);
+    }
+    detail::set_exit_status(rc);  // the Session ends (and MPI with it) before main returns rc
+    return rc;
 }
 
 }  // namespace mpiml

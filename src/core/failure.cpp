@@ -1,9 +1,8 @@
 // Abort on failure: print one clear line, then MPI_Abort the whole job.
-#include "exit_guard.hpp"
-#include "state.hpp"
+#include "core/exit_guard.hpp"
+#include "core/state.hpp"
 
 #include <mpiml/failure.hpp>
-#include <mpiml/session.hpp>
 
 #include <cxxabi.h>
 #include <execinfo.h>
@@ -80,7 +79,10 @@ void print_backtrace() {
 }
 
 [[noreturn]] void abort_mpi(int code) {
-    if (is_initialized() && !is_finalized()) {
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    if (up && !down) {
         // Give the launcher time to forward what this rank and its peers just
         // wrote: MPICH's Hydra drops output still in its pipes once a rank aborts.
         const timespec pause{0, 200'000'000};
@@ -90,23 +92,6 @@ void print_backtrace() {
     ::_exit(code);
 }
 
-std::string current_exception_text() {
-    std::string type = "unknown type";
-    if (const std::type_info* t = abi::__cxa_current_exception_type()) {
-        int status = 0;
-        char* d = abi::__cxa_demangle(t->name(), nullptr, nullptr, &status);
-        type = status == 0 && d ? d : t->name();
-        std::free(d);
-    }
-    try {
-        if (auto e = std::current_exception()) std::rethrow_exception(e);
-        return "std::terminate called without an active exception";
-    } catch (const std::exception& e) {
-        return "uncaught exception (" + type + "): " + e.what();
-    } catch (...) {
-        return "uncaught exception (" + type + ")";
-    }
-}
 
 void print_abort_line(std::string_view what) {
     char prefix[64];
@@ -124,7 +109,7 @@ void on_terminate() {
     std::call_once(once, [] {
         // The line first: once a peer aborts, the launcher may kill this
         // process before a long backtrace is out.
-        print_abort_line(current_exception_text());
+        print_abort_line(detail::current_exception_text());
         print_backtrace();
         abort_mpi(1);
     });
@@ -161,6 +146,24 @@ constexpr int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 }  // namespace
 
 namespace detail {
+std::string current_exception_text() {
+    std::string type = "unknown type";
+    if (const std::type_info* t = abi::__cxa_current_exception_type()) {
+        int status = 0;
+        char* d = abi::__cxa_demangle(t->name(), nullptr, nullptr, &status);
+        type = status == 0 && d ? d : t->name();
+        std::free(d);
+    }
+    try {
+        if (auto e = std::current_exception()) std::rethrow_exception(e);
+        return "std::terminate called without an active exception";
+    } catch (const std::exception& e) {
+        return "uncaught exception (" + type + "): " + e.what();
+    } catch (...) {
+        return "uncaught exception (" + type + ")";
+    }
+}
+
 void set_abort_record(const std::string& path) {
     std::snprintf(record_path, sizeof record_path, "%s", path.c_str());
     if (::gethostname(host_name, sizeof host_name - 1) != 0) host_name[0] = '\0';
@@ -189,18 +192,6 @@ void install_failure_handlers() {
 void abort_job(std::string_view what, int code) {
     print_abort_line(what);
     abort_mpi(code == 0 ? 1 : code);
-}
-
-int run(int argc, char** argv, const std::function<int(int, char**)>& fn) {
-    Session session(argc, argv);
-    int rc = 0;
-    try {
-        rc = fn(argc, argv);
-    } catch (...) {
-        abort_job(current_exception_text(), 1);
-    }
-    detail::set_exit_status(rc);  // the Session ends (and MPI with it) before main returns rc
-    return rc;
 }
 
 }  // namespace mpiml

@@ -11,9 +11,9 @@
 // in shared memory (a rank waiting in the shared-memory path is not inside
 // MPI); others with MPI_Rget, which completes when the peer's MPI makes
 // progress, as it does while the peer waits in an MPI collective.
-#include "exit_guard.hpp"
+#include "core/exit_guard.hpp"
 
-#include "state.hpp"
+#include "core/state.hpp"
 
 #include <mpiml/failure.hpp>
 

@@ -5,9 +5,9 @@
 // when the shared path applies) and reduced with one allreduce per bucket; contiguous CPU tensors are packed with plain loops,
 // anything else (strides, other devices, sparse) through ATen copies.
 // float16 and bfloat16 travel and are summed as float32, then converted back.
-#include "torch_common.hpp"
+#include "torch/common.hpp"
 
-#include "state.hpp"
+#include "core/state.hpp"
 
 #include <mpiml/error.hpp>
 #include <mpiml/shm.hpp>
@@ -402,7 +402,8 @@ void run_views(ViewState& st, const std::vector<at::Tensor>& params, const char*
             set_flag(b.wire, flags + k * es, defined);
         }
         // Averages the gradients and the flags (non-zero: some rank had one).
-        b.mem->average(b.payload + b.entries.size(), b.wire.mpi);
+        detail::average(b.mem->data(), b.payload + b.entries.size(), b.wire.mpi, b.mem->comm(),
+                        call);
         for (std::size_t k = 0; k < b.entries.size(); ++k) {
             const at::Tensor& p = params[b.entries[k].param];
             if (in_place[k]) {
@@ -512,18 +513,19 @@ struct Deferred {
     }
 };
 
-/// Where mpiml's allreduce takes the shared-memory path anyway, fused buckets
-/// are packed straight into a shared bucket: no copy into the shared segment
-/// and back. Every rank decides alike (same plan, same comm). Else nullptr.
+/// Fused buckets are packed into the memory the core offers for repeated
+/// in-place collectives (node-shared memory where its shared path applies:
+/// no copy into the shared segment and back). Every rank asks alike (same
+/// plan, same comm). Else nullptr.
 std::byte* fused_segment(GradState& st, MPI_Comm comm) {
     const std::size_t bytes = st.largest_fused;
-    if (bytes == 0 || !shm::takes_shared_path(bytes, Comm(comm))) return nullptr;
+    if (bytes == 0) return nullptr;
     if (!st.shared || st.shared_comm != comm || st.shared->size_bytes() < bytes) {
         st.shared.reset();
-        st.shared = std::make_unique<SharedBucket>(bytes, Comm(comm));
+        st.shared = detail::collective_memory(bytes, comm, "mpiml::mpi_avg_grads");
         st.shared_comm = comm;
     }
-    return static_cast<std::byte*>(st.shared->data());
+    return st.shared ? static_cast<std::byte*>(st.shared->data()) : nullptr;
 }
 
 /// A direct bucket: one large gradient, averaged in place when plain,
@@ -579,11 +581,9 @@ void run_fused(GradState& st, const Bucket& b, std::byte* base, bool shared, MPI
     if (carrier)
         for (std::size_t d = 0; d < st.direct.size(); ++d)
             set_flag(b.wire, flags + (b.entries + d) * es, direct_entry(d).defined_here);
-    if (shared)
-        st.shared->allreduce(b.payload + b.flags, b.wire.mpi, Op::sum);
-    else
-        detail::allreduce(MPI_IN_PLACE, base, b.payload + b.flags, b.wire.mpi, b.wire.cls, Op::sum,
-                          comm, call);
+    // The core reduces a shared bucket's memory in place in node-shared memory.
+    detail::allreduce(MPI_IN_PLACE, base, b.payload + b.flags, b.wire.mpi, b.wire.cls, Op::sum,
+                      comm, call);
     off = 0;
     for (std::size_t k = 0; k < b.entries; ++k) {
         const GradEntry& e = st.entries[st.order[b.first + k]];

@@ -26,6 +26,8 @@ State& state();
 /// Reads MPIML_* settings; throws mpiml::Error on a malformed value.
 void read_environment(State& s);
 
+/// The current exception as "type: what()" (failure.cpp).
+std::string current_exception_text();
 /// Where abort lines are also appended (MPIML_ABORT_RECORD; failure.cpp).
 void set_abort_record(const std::string& path);
 /// Appends one line to the abort record, if there is one.

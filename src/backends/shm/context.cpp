@@ -3,11 +3,11 @@
 #include "context.hpp"
 
 #include "algorithms.hpp"
-#include "../agreement.hpp"
-#include "../config.hpp"
-#include "../shm.hpp"
-#include "../state.hpp"
-#include "../types.hpp"
+#include "core/agreement.hpp"
+#include "core/config.hpp"
+#include "core/backend.hpp"
+#include "core/state.hpp"
+#include "core/types.hpp"
 
 #include <mpiml/error.hpp>
 
@@ -75,6 +75,7 @@ void finalize_shm() {
         MPI_Win_free(&w);
     }
     bucket_windows().clear();
+    forget_bucket_memory();
     for (auto& w : contexts())
         if (auto c = w.lock()) c->release();
     contexts().clear();
@@ -317,8 +318,15 @@ ShmContext* shared_context_for(std::size_t bytes, std::size_t threshold, MPI_Com
     return c;
 }
 
+bool shm_takes(std::size_t bytes, MPI_Comm comm, const char* call) {
+    // shm_allreduce's decision for a built-in op on a type with a kernel.
+    return shared_context_for(bytes, config_ref().allreduce_threshold, comm, call) != nullptr;
+}
+
 bool shm_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type,
                    std::size_t bytes, const ReduceOp& op, MPI_Comm comm, const char* call) {
+    if (send == MPI_IN_PLACE && bucket_reduce(recv, count, type, op, false, comm, call))
+        return true;
     const std::size_t threshold = config_ref().allreduce_threshold;
     if (!op.known() || !may_share(bytes, threshold)) return false;
     const Kernel k = resolve(type, *op.known());
@@ -386,8 +394,7 @@ bool takes_shared_path(std::size_t bytes, Comm comm) {
     ensure_initialized(call);
     const MPI_Comm c = comm.get(call);
     // shm_allreduce's decision for a built-in op on a type with a kernel.
-    return detail::shared_context_for(bytes, detail::config_ref().allreduce_threshold, c, call) !=
-           nullptr;
+    return detail::shm_takes(bytes, c, call);
 }
 }  // namespace shm
 

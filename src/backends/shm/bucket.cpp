@@ -3,20 +3,105 @@
 // goes through mpiml's core (detail::allreduce).
 #include "algorithms.hpp"
 
-#include "../agreement.hpp"
-#include "../call.hpp"
-#include "../state.hpp"
-#include "../types.hpp"
+#include "core/agreement.hpp"
+#include "core/call.hpp"
+#include "core/state.hpp"
+#include "core/types.hpp"
 
 #include <mpiml/error.hpp>
 #include <mpiml/shm.hpp>
 
+#include <atomic>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
 namespace mpiml {
+namespace detail {
+namespace {
 
+/// A live bucket's memory, as the backend reduces it in place. The fields
+/// survive moves of the SharedBucket (the context and peer table stay put).
+struct BucketMem {
+    ShmContext* ctx;
+    void* const* peers;
+    std::size_t bytes;
+    MPI_Comm comm;
+};
+std::mutex bucket_mutex;
+std::atomic<std::size_t> bucket_count{0};
+std::unordered_map<const void*, BucketMem>& bucket_memory() {
+    static auto* m = new std::unordered_map<const void*, BucketMem>;
+    return *m;
+}
+
+}  // namespace
+
+void forget_bucket_memory() {
+    std::lock_guard lock(bucket_mutex);
+    bucket_memory().clear();
+    bucket_count.store(0, std::memory_order_relaxed);
+}
+
+bool bucket_reduce(void* data, std::size_t count, MPI_Datatype type, const ReduceOp& op,
+                   bool average, MPI_Comm comm, const char* call) {
+    if (bucket_count.load(std::memory_order_relaxed) == 0 || !op.known()) return false;
+    BucketMem b{};
+    {
+        std::lock_guard lock(bucket_mutex);
+        const auto it = bucket_memory().find(data);
+        if (it == bucket_memory().end()) return false;
+        b = it->second;
+    }
+    if (b.comm != comm || !b.ctx->alive || config_ref().mode == shm::Mode::off) return false;
+    const Kernel k = resolve(type, *op.known());
+    if (!k.combine || (average && !k.divide)) return false;
+    int tsize = 0;
+    check_mpi(MPI_Type_size(type, &tsize), call);
+    if (count * static_cast<std::size_t>(tsize) > b.bytes) return false;
+    ShmContext& c = *b.ctx;
+    Signature sig;
+    sig.count = count;
+    sig.bytes = count * static_cast<std::size_t>(tsize);
+    sig.kind = average ? Signature::bucket_average : Signature::bucket_allreduce;
+    sig.op = static_cast<std::uint8_t>(*op.known());
+    sig.type = static_cast<std::uint16_t>(k.type_id);
+    ++c.round;  // as every shared-memory collective (checked_barrier)
+    if (count == 0) {  // still compared: a peer may have passed more
+        checked_barrier(c, sig, call);
+        return true;
+    }
+    // One round in place: every rank's bucket is both its input and where
+    // the reduced slices land (algorithms.hpp: push_round, node_round).
+    const int p = c.node_size;
+    static thread_local std::vector<const char*> in;  // no allocation per call
+    static thread_local std::vector<char*> res;
+    in.resize(static_cast<std::size_t>(p));
+    res.resize(static_cast<std::size_t>(p));
+    for (int q = 0; q < p; ++q) {
+        in[q] = static_cast<const char*>(b.peers[q]);
+        res[q] = q == c.node_rank ? static_cast<char*>(data) : static_cast<char*>(b.peers[q]);
+    }
+    checked_barrier(c, sig, call);  // every rank's bucket is ready, and alike
+    if (c.num_nodes == 1) {
+        push_round(c, in.data(), res.data(), count, k, average ? c.size : 0);
+        c.barrier();  // every slice is in every bucket
+        return true;
+    }
+    node_round(c, in.data(), res.data(), static_cast<char*>(data), count, k,
+               average ? c.size : 0, true, call);
+    c.barrier();  // peers are done reading this bucket
+    return true;
+}
+
+bool shm_average(void* buf, std::size_t count, MPI_Datatype type, MPI_Comm comm,
+                 const char* call) {
+    return bucket_reduce(buf, count, type, Op::sum, true, comm, call);
+}
+
+}  // namespace detail
 
 SharedBucket::SharedBucket(std::size_t bytes, Comm comm) {
     constexpr const char* call = "mpiml::SharedBucket";
@@ -49,6 +134,9 @@ SharedBucket::SharedBucket(std::size_t bytes, Comm comm) {
     }
     id_ = detail::next_bucket_id++;
     detail::bucket_windows()[id_] = win_;
+    std::lock_guard lock(detail::bucket_mutex);
+    detail::bucket_memory()[data_] = {ctx_.get(), peers_.get(), bytes_, comm_};
+    detail::bucket_count.store(detail::bucket_memory().size(), std::memory_order_relaxed);
 }
 
 SharedBucket::~SharedBucket() { release(); }
@@ -82,6 +170,11 @@ void SharedBucket::release() noexcept {
     if (win_ == MPI_WIN_NULL) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
+    {
+        std::lock_guard lock(detail::bucket_mutex);
+        detail::bucket_memory().erase(data_);
+        detail::bucket_count.store(detail::bucket_memory().size(), std::memory_order_relaxed);
+    }
     auto& live = detail::bucket_windows();
     const auto it = live.find(id_);
     if (!finalized && it != live.end()) {  // else mpiml's finalize freed it
@@ -124,51 +217,11 @@ void SharedBucket::reduce(std::size_t count, MPI_Datatype type, const ReduceOp& 
         fail(call, std::string("operation '") + op.name() + "' is not defined for element type " +
                        datatype_name(type));
     const TypeClass cls = info ? info->cls : TypeClass::integer;  // else a user op: MPI decides
-    check_op(op, cls, type, call);
-    const Kernel k = op.known() ? resolve(type, *op.known()) : Kernel{};
-    if (average && !k.divide)
-        fail(call, std::string("averaging needs a floating or complex type, not ") +
-                       datatype_name(type));
-    ShmContext& c = *ctx_;
-    if (!k.combine || config_ref().mode == shm::Mode::off) {
-        // The core (its one scope, INT_MAX split, watchdog): mode off, a
-        // user-defined op, or a type reduced by MPI alone.
+    // The core runs it: this backend recognizes the bucket's memory.
+    if (average)
+        detail::average(data_, count, type, comm_, call);
+    else
         detail::allreduce(MPI_IN_PLACE, data_, count, type, cls, op, comm_, call);
-        if (average && c.size > 1) k.divide(data_, count, c.size);
-        return;
-    }
-    CollectiveScope scope({Kind::allreduce, call, count, type, static_cast<int>(*op.known()), -1, comm_});
-    Signature sig;
-    sig.count = count;
-    sig.bytes = count * ts;
-    sig.kind = average ? Signature::bucket_average : Signature::bucket_allreduce;
-    sig.op = static_cast<std::uint8_t>(*op.known());
-    sig.type = static_cast<std::uint16_t>(k.type_id);
-    ++c.round;  // as every shared-memory collective (checked_barrier)
-    if (count == 0) {  // still compared: a peer may have passed more
-        checked_barrier(c, sig, call);
-        return;
-    }
-    // One round in place: every rank's bucket is both its input and where
-    // the reduced slices land (algorithms.hpp: push_round, node_round).
-    const int p = c.node_size;
-    static thread_local std::vector<const char*> in;  // no allocation per call
-    static thread_local std::vector<char*> res;
-    in.resize(static_cast<std::size_t>(p));
-    res.resize(static_cast<std::size_t>(p));
-    for (int q = 0; q < p; ++q) {
-        in[q] = static_cast<const char*>(peers_[q]);
-        res[q] = q == c.node_rank ? static_cast<char*>(data_) : static_cast<char*>(peers_[q]);
-    }
-    checked_barrier(c, sig, call);  // every rank's bucket is ready, and alike
-    if (c.num_nodes == 1) {
-        push_round(c, in.data(), res.data(), count, k, average ? c.size : 0);
-        c.barrier();  // every slice is in every bucket
-        return;
-    }
-    node_round(c, in.data(), res.data(), static_cast<char*>(data_), count, k,
-               average ? c.size : 0, true, call);
-    c.barrier();  // peers are done reading this bucket
 }
 
 }  // namespace mpiml

@@ -7,8 +7,8 @@
 // pair is probed once per process with MPI_Reduce_local on values that expose
 // these faults; a wrong answer switches that pair to a user-defined MPI_Op
 // with the C++ semantics (wrap-around, unsigned order).
-#include "state.hpp"
-#include "types.hpp"
+#include "core/state.hpp"
+#include "core/types.hpp"
 
 #include <mpiml/collectives.hpp>
 

@@ -1,8 +1,8 @@
 // The LibTorch layer's shared parts: the dtype table, the cross-rank module
 // check and the module's tensors.
-#include "torch_common.hpp"
+#include "torch/common.hpp"
 
-#include "agreement.hpp"
+#include "core/agreement.hpp"
 
 #include <mpiml/error.hpp>
 

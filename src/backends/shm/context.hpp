@@ -194,6 +194,13 @@ bool usable_comm(MPI_Comm comm);
 /// Info for MPI_Win_allocate_shared: segments need not be contiguous.
 MPI_Info noncontig_info();
 
+/// In place on a live SharedBucket's memory (data, on comm): true when the
+/// bucket path applies (mode, kernel, size), after reducing; else false.
+bool bucket_reduce(void* data, std::size_t count, MPI_Datatype type, const ReduceOp& op,
+                   bool average, MPI_Comm comm, const char* call);
+/// Drops every bucket's memory from the recognized set (at finalization).
+void forget_bucket_memory();
+
 /// Shared buckets still alive, by creation number (freed in that order).
 std::map<std::size_t, MPI_Win>& bucket_windows();
 extern std::size_t next_bucket_id;

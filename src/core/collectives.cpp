@@ -1,14 +1,15 @@
 // The type-erased collective core: every mpiml collective goes through here.
-#include "agreement.hpp"
-#include "call.hpp"
-#include "exit_guard.hpp"
-#include "profile_hooks.hpp"
-#include "state.hpp"
-#include "types.hpp"
-#include "watchdog.hpp"
-#include "shm.hpp"
+#include "core/agreement.hpp"
+#include "core/call.hpp"
+#include "core/exit_guard.hpp"
+#include "core/profile_hooks.hpp"
+#include "core/state.hpp"
+#include "core/types.hpp"
+#include "core/watchdog.hpp"
+#include "core/backend.hpp"
 
 #include <mpiml/collectives.hpp>
+#include <mpiml/shm.hpp>
 
 #include <algorithm>
 #include <climits>
@@ -63,7 +64,6 @@ bool spans_world(MPI_Comm comm) {
     return MPI_Comm_size(comm, &n) == MPI_SUCCESS && n == state().world_size;
 }
 
-constexpr std::size_t max_chunk = std::size_t{1} << 30;  // elements per MPI call
 
 void check_root(int root, MPI_Comm comm, const char* call) {
     int size = 0;
@@ -248,16 +248,28 @@ void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype typ
     }
     CollectiveScope scope({Kind::allreduce, call, count, type, op_id(op), -1, comm});
     if (shm_allreduce(send, recv, count, type, bytes, op, comm, call)) return;
-    const MPI_Op native = mpi_op_for(type, op);
-    std::size_t done = 0;
-    do {
-        const std::size_t n = std::min(count - done, max_chunk);
-        const void* s = send == MPI_IN_PLACE ? MPI_IN_PLACE
-                                             : static_cast<const char*>(send) + done * tsize;
-        void* r = static_cast<char*>(recv) + done * tsize;
-        check_mpi(MPI_Allreduce(s, r, static_cast<int>(n), type, native, comm), call);
-        done += n;
-    } while (done < count);
+    mpi_allreduce(send, recv, count, type, tsize, op, comm, call);
+}
+
+void average(void* buf, std::size_t count, MPI_Datatype type, MPI_Comm comm, const char* call) {
+    ensure_initialized(call);
+    const TypeInfo* info = find_type(type);
+    if (!info || (info->cls != TypeClass::floating && info->cls != TypeClass::complex))
+        fail(call, std::string("averaging needs a floating or complex type, not ") +
+                       datatype_name(type));
+    if (count > 0 && buf == nullptr) fail(call, "buffer is null");
+    int tsize = 0;
+    check_mpi(MPI_Type_size(type, &tsize), call);
+    CollectiveScope scope({Kind::allreduce, call, count, type, op_id(Op::sum), -1, comm});
+    if (shm_average(buf, count, type, comm, call)) return;
+    mpi_average(buf, count, type, tsize, comm, call);
+}
+
+std::unique_ptr<SharedBucket> collective_memory(std::size_t bytes, MPI_Comm comm,
+                                                const char* call) {
+    ensure_initialized(call);
+    if (!shm_takes(bytes, comm, call)) return nullptr;
+    return std::make_unique<SharedBucket>(bytes, Comm(comm));
 }
 
 void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Comm comm,
@@ -269,14 +281,7 @@ void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Co
     check_mpi(MPI_Type_size(type, &tsize), call);
     CollectiveScope scope({Kind::broadcast, call, count, type, -1, root, comm});
     if (shm_broadcast(buf, count, type, tsize, root, comm, call)) return;
-    std::size_t done = 0;
-    do {
-        const std::size_t n = std::min(count - done, max_chunk);
-        check_mpi(MPI_Bcast(static_cast<char*>(buf) + done * tsize, static_cast<int>(n), type,
-                            root, comm),
-                  call);
-        done += n;
-    } while (done < count);
+    mpi_broadcast(buf, count, type, tsize, root, comm, call);
 }
 
 void allgather(const void* send, void* recv, std::size_t count, MPI_Datatype type,
@@ -285,15 +290,13 @@ void allgather(const void* send, void* recv, std::size_t count, MPI_Datatype typ
     if (count > static_cast<std::size_t>(INT_MAX))
         fail(call, "more than INT_MAX elements per rank");
     CollectiveScope scope({Kind::allgather, call, count, type, -1, -1, comm});
-    check_mpi(MPI_Allgather(send, static_cast<int>(count), type, recv, static_cast<int>(count),
-                            type, comm),
-              call);
+    mpi_allgather(send, recv, count, type, comm, call);
 }
 
 void barrier(MPI_Comm comm, const char* call) {
     ensure_initialized(call);
     CollectiveScope scope({Kind::barrier, call, 0, MPI_DATATYPE_NULL, -1, -1, comm});
-    check_mpi(MPI_Barrier(comm), call);
+    mpi_barrier(comm, call);
 }
 
 }  // namespace detail

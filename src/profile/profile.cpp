@@ -1,9 +1,9 @@
 // Profiler: per-thread event buffers in memory, written once at profile_stop
 // as Chrome-trace JSON per rank, a merged timeline on rank 0, and a summary.
-#include "config.hpp"
-#include "agreement.hpp"
-#include "profile_hooks.hpp"
-#include "state.hpp"
+#include "core/config.hpp"
+#include "core/agreement.hpp"
+#include "core/profile_hooks.hpp"
+#include "core/state.hpp"
 
 #include <mpiml/datatype.hpp>
 #include <mpiml/profile.hpp>

@@ -1,8 +1,8 @@
 #include <mpiml/datatype.hpp>
 #include <mpiml/error.hpp>
 
-#include "agreement.hpp"
-#include "state.hpp"
+#include "core/agreement.hpp"
+#include "core/state.hpp"
 
 #include <mpi.h>
 

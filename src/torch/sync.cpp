@@ -1,6 +1,6 @@
 // sync_params: broadcast a module's parameters and buffers from a root rank,
 // after verifying every rank has the same ones.
-#include "torch_common.hpp"
+#include "torch/common.hpp"
 
 #include <mpiml/error.hpp>
 

@@ -2,7 +2,7 @@
 // (only where the registry's rule, op_allowed, defines the op).
 #include "kernels.hpp"
 
-#include "../types.hpp"
+#include "core/types.hpp"
 
 #include <complex>
 #include <type_traits>
