@@ -35,6 +35,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -132,6 +133,30 @@ def jobs(build_dir, tmp):
 ROWS = {"cpp": CPP_ROWS, "python": PY_ROWS, "c10d": C10D_ROWS, "coll": COLL_ROWS}
 
 
+def pair(by_rep):
+    """by_rep[job][key][repeat][side] = (median, low) -> samples[job][key] =
+    {"old": [...], "new": [...], "old_low": [...], "new_low": [...]} over the
+    repeats where both sides gave a figure."""
+    samples = {}
+    for name, keys in by_rep.items():
+        for k, reps in keys.items():
+            pairs = [reps[r] for r in sorted(reps) if len(reps[r]) == 2]
+            samples.setdefault(name, {})[k] = {
+                "old": [p["old"][0] for p in pairs], "new": [p["new"][0] for p in pairs],
+                "old_low": [p["old"][1] for p in pairs], "new_low": [p["new"][1] for p in pairs]}
+    return samples
+
+
+def outside_signal(log_path):
+    """', mpirun received signal N from outside the job' when its log says so."""
+    try:
+        with open(log_path) as f:
+            m = re.search(r"mpirun: Forwarding signal (\d+) to job", f.read())
+    except OSError:
+        m = None
+    return ", mpirun received signal %s from outside the job" % m.group(1) if m else ""
+
+
 def summarize(samples):
     """samples[job][key] = {"old": [...], "new": [...]} -> table rows."""
     out = []
@@ -202,7 +227,7 @@ def main():
     os.makedirs(tmp, exist_ok=True)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                MASTER_ADDR="127.0.0.1")
-    samples, failures, loads = {}, {}, []
+    by_rep, failures, loads = {}, {}, []  # by_rep[job][key][repeat][side] = (median, low)
     t0 = time.time()
     for rep in range(a.repeats):
         order = ("old", "new") if rep % 2 == 0 else ("new", "old")
@@ -218,24 +243,17 @@ def main():
                 recs, err, _ = run.run_job("%s_%s_%d" % (name, side, rep),
                                            run.launcher(2, env_names) + argv, env, tmp)
                 if err:
-                    failures["%s_%s_%d" % (name, side, rep)] = err
+                    failures["%s_%s_%d" % (name, side, rep)] = err + outside_signal(
+                        os.path.join(tmp, "%s_%s_%d.log" % (name, side, rep)))
                     continue
                 try:
                     got = parse(recs)
                 except (OSError, KeyError, ValueError) as e:
                     failures["%s_%s_%d" % (name, side, rep)] = "no results: %s" % e
                     continue
-                for k, (med, low) in got.items():
-                    d = samples.setdefault(name, {}).setdefault(
-                        str(k), {"old": [], "new": [], "old_low": [], "new_low": []})
-                    d[side].append(med)
-                    d[side + "_low"].append(low)
-    # keep only complete pairs
-    for job in samples.values():
-        for s in job.values():
-            n = min(len(s["old"]), len(s["new"]))
-            for k in s:
-                s[k] = s[k][:n]
+                for k, v in got.items():
+                    by_rep.setdefault(name, {}).setdefault(str(k), {}).setdefault(rep, {})[side] = v
+    samples = pair(by_rep)
     soft = run.software_info()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": run.machine_info(), "mpi": "%s %s" % (soft["mpi"], soft["mpi_version"]),

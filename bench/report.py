@@ -237,7 +237,8 @@ def compare(data):
         lines += ["", "The controls run code that is the same in both revisions, so their paired "
                   "ratios, %.2f-%.2f in this run, show its noise." % (lo, hi)]
     if m.get("failures"):
-        lines += ["", "Jobs that failed: " + "; ".join("`%s`: %s" % kv for kv in m["failures"].items())]
+        lines += ["", "Jobs that failed (their pairs are left out): " +
+                  "; ".join("`%s`: %s" % kv for kv in m["failures"].items())]
     return "\n".join(lines)
 
 

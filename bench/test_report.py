@@ -6,7 +6,8 @@
 2. made from synthetic results: every section and figure is there, the SVGs
    are well-formed with one line per series and one bar per value, a missing
    results file names the command that makes it;
-3. the before/after ratios of bench/compare.py: paired, their median and range.
+3. the before/after ratios of bench/compare.py: paired (a failed job's
+   repeat left out), their median and range.
 """
 import json
 import os
@@ -60,6 +61,12 @@ samples = {"cpp": {"GradAverager (plan held)": {"old": [4.0, 4.0, 4.0], "new": [
                                                 "new_low": [2.0, 2.0, 3.0]}},
            "coll": {"MPI_Allreduce": {"old": [10.0], "new": [11.0], "old_low": [10.0],
                                       "new_low": [12.0]}}}
+paired = compare.pair({"coll": {"mpiml": {0: {"old": (1, 1), "new": (2, 2)},
+                                          1: {"old": (3, 3)},  # new failed: no pair
+                                          2: {"new": (4, 4), "old": (5, 5)}}}})
+expect(paired == {"coll": {"mpiml": {"old": [1, 5], "new": [2, 4], "old_low": [1, 5],
+                                     "new_low": [2, 4]}}},
+       "a failed job's repeat is left out, the others stay paired (got %s)" % paired)
 rows = compare.summarize(samples)
 by_label = {r["label"]: r for r in rows}
 g = by_label["C++ `GradAverager`, (64,64)"]
