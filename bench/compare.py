@@ -195,16 +195,18 @@ def table(data):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("old")
-    ap.add_argument("new", nargs="?", default="HEAD")
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("old", help="the revision before (a commit, branch or tag)")
+    ap.add_argument("new", nargs="?", default="HEAD", help="the revision after (default HEAD)")
     ap.add_argument("--repeats", type=int, default=5, help="pairs of runs of every job")
     ap.add_argument("--workdir", default=os.path.join(ROOT, "build-compare"),
                     help="where the revisions are checked out and built (default %(default)s)")
     ap.add_argument("--old-build", help="an existing build directory of OLD (skips its build)")
     ap.add_argument("--new-build", help="an existing build directory of NEW (skips its build)")
     ap.add_argument("--nice", type=int, default=5, help="niceness of the builds")
-    ap.add_argument("--output", default=RESULTS)
+    ap.add_argument("--output", default=RESULTS,
+                    help="results file; BENCHMARKS.md is rewritten only for the default")
     ap.add_argument("--no-markdown", action="store_true", help="do not rewrite BENCHMARKS.md")
     a = ap.parse_args()
     t_start = time.time()
