@@ -155,15 +155,17 @@ def grads(data):
     if not data:
         return missing("scripts/bench.sh", "gradient averaging")
     res = data["results"]
+    impls = [(i, n) for i, n in GRADS if any(run.t_us(res, 2, "grads", "avg_grads", i, model=m)
+                                             for m, _ in run.MODELS)]
     groups = []
     for model, label in run.MODELS:
-        vals = [run.t_us(res, 2, "grads", "avg_grads", impl, model=model) for impl, _ in GRADS]
+        vals = [run.t_us(res, 2, "grads", "avg_grads", impl, model=model) for impl, _ in impls]
         if any(vals):
             groups.append((label, vals))
     if not groups:
         return missing("scripts/bench.sh", "gradient averaging")
     svg = svgplot.bars("mpi_avg_grads, 2 ranks: time per call (lower is better; log scale)",
-                       "time per call, slowest rank", groups, [n for _, n in GRADS],
+                       "time per call, slowest rank", groups, [n for _, n in impls],
                        v_fmt=run.fmt_us, tick_fmt=fmt_time)
     return "\n".join([
         figure("grads.svg", svg, "gradient averaging time by implementation"), "",
