@@ -4,12 +4,12 @@
 #include "core/exit_guard.hpp"
 #include "core/profile_hooks.hpp"
 #include "core/state.hpp"
+#include "core/op.hpp"
 #include "core/types.hpp"
 #include "core/watchdog.hpp"
 #include "core/backend.hpp"
 
 #include <mpiml/collectives.hpp>
-#include <mpiml/shm.hpp>
 
 #include <algorithm>
 #include <climits>
@@ -19,21 +19,6 @@
 #include <vector>
 
 namespace mpiml {
-
-ReduceOp::ReduceOp(Op op) : known_(op) {
-    native_ = detail::op_info(op).native;
-    if (native_ == MPI_OP_NULL) detail::fail("mpiml::ReduceOp", "invalid mpiml::Op value");
-}
-
-ReduceOp::ReduceOp(MPI_Op op) : native_(op) {
-    for (Op o : detail::all_ops)
-        if (detail::op_info(o).native == op) known_ = o;
-}
-
-const char* ReduceOp::name() const {
-    if (known_) return op_name(*known_);
-    return native_ == MPI_OP_NULL ? "MPI_OP_NULL" : "user-defined MPI_Op";
-}
 
 namespace detail {
 namespace {
@@ -176,7 +161,7 @@ void check_consistent(const CallInfo& info, std::uint64_t seq) {
 
 CollectiveScope::CollectiveScope(const CallInfo& info) {
     const auto& s = state();
-    const bool prof = profiling();
+    const bool prof = profile_on.load(std::memory_order_relaxed);
     const bool check = s.check.load(std::memory_order_relaxed);
     const bool timed = s.timeout.load(std::memory_order_relaxed) > 0;
     const std::int64_t t0 = prof ? profile_now() : 0;
@@ -263,13 +248,6 @@ void average(void* buf, std::size_t count, MPI_Datatype type, MPI_Comm comm, con
     CollectiveScope scope({Kind::allreduce, call, count, type, op_id(Op::sum), -1, comm});
     if (shm_average(buf, count, type, comm, call)) return;
     mpi_average(buf, count, type, tsize, comm, call);
-}
-
-std::unique_ptr<SharedBucket> collective_memory(std::size_t bytes, MPI_Comm comm,
-                                                const char* call) {
-    ensure_initialized(call);
-    if (!shm_takes(bytes, comm, call)) return nullptr;
-    return std::make_unique<SharedBucket>(bytes, Comm(comm));
 }
 
 void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Comm comm,
