@@ -1,6 +1,7 @@
 #include "config.hpp"
 #include "exit_guard.hpp"
 #include "profile_hooks.hpp"
+#include "report.hpp"
 #include "state.hpp"
 
 #include <mpiml/failure.hpp>
@@ -80,7 +81,10 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
     inject_setup();
     // Set up with MPI_Init, which every rank calls; when another library
     // initialized MPI, on the first collective that spans every rank.
-    if (s.we_initialized) exit_guard_setup();
+    if (s.we_initialized) {
+        exit_guard_setup();
+        report_setup();
+    }
     s.ready = true;
     profile_from_environment();
 }
