@@ -15,7 +15,7 @@ set -u
 launcher=$1 flags=$2 case=$3
 shift 3
 prog=("$@")
-src=${REPORT_SOURCE:?REPORT_SOURCE: the program's source, for its line numbers}
+src=${REPORT_SOURCE:?set REPORT_SOURCE to the source of the program (for its line numbers)}
 line() { grep -n -- "$1" "$src" | head -1 | cut -d: -f1; }
 base=$(basename "$src")
 dir=$(mktemp -d)
@@ -33,17 +33,24 @@ case $case in
     # shellcheck disable=SC2086
     timeout 60 "$launcher" -np 3 $flags "${prog[@]}" demand 6 > "$dir/out" 2>&1 &
     job=$!
-    # the launcher's pid: timeout's child
-    for _ in $(seq 50); do
-      lpid=$(pgrep -P $job | head -1)
-      [ -n "$lpid" ] && [ -n "$(pgrep -P "$lpid")" ] && break
-      sleep 0.1
-    done
     sleep 2.5  # every rank is up, rank 2 in sleepy_rank_work
+    # the launcher: the first mpirun/mpiexec among timeout's descendants
+    lpid=
+    todo=$job
+    while [ -z "$lpid" ] && [ -n "$todo" ]; do
+      next=
+      for p in $todo; do
+        case $(ps -o comm= -p "$p") in mpirun|mpiexec*|orterun|prterun) lpid=$p; break ;; esac
+        next="$next $(pgrep -P "$p" | xargs)"
+      done
+      todo=$next
+    done
+    [ -n "$lpid" ] || fail "no launcher process under $job"
     if [ "$case" = signal ]; then
       kill -USR1 "$lpid"
     else
-      "${REPORT_TOOL:?}" "$lpid" > "$dir/tool.out" 2>&1 || fail "mpiml-report exited $?"
+      # shellcheck disable=SC2086  # REPORT_TOOL may be a command with arguments
+      ${REPORT_TOOL:?} "$lpid" > "$dir/tool.out" 2>&1 || fail "mpiml-report exited $?"
       grep -q "sleepy_rank_work" "$dir/tool.out" || fail "mpiml-report's output does not name sleepy_rank_work"
     fi
     wait $job

@@ -39,6 +39,10 @@
 #include <sched.h>
 #include <sys/prctl.h>
 
+namespace mpiml::detail {
+void report_on_hang(const std::string& why);  // src/report.hpp (libmpiml, not installed)
+}
+
 namespace py = pybind11;
 
 namespace mpiml_c10d {
@@ -863,9 +867,11 @@ void ProcessGroupMpiml::watchdog_loop() {
         char head[200];
         std::snprintf(head, sizeof head, " waited %.1f s, past the timeout of %g s", waited,
                       timeout_s_);
-        mpiml::abort_job("watchdog: mpiml c10d " + what + head + " (group " + group_id_ + ": " +
-                         ranks_text_ + "; this is group rank " + std::to_string(rank_) +
-                         "); a rank of the group did not arrive or failed");
+        const std::string line = "watchdog: mpiml c10d " + what + head + " (group " + group_id_ +
+                                 ": " + ranks_text_ + "; this is group rank " +
+                                 std::to_string(rank_) + "); a rank of the group did not arrive or failed";
+        mpiml::detail::report_on_hang(line);
+        mpiml::abort_job(line);
     }
 }
 
