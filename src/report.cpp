@@ -44,6 +44,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -242,7 +243,25 @@ std::string symbolize(void* const* pcs, int n, int skip) {
         rel.push_back(r);
     }
     add_lines(frames, rel);
-    std::string out;
+    // A thread only in system libraries and mpiml's (MPI's progress threads,
+    // mpiml's watchdog) is one line.
+    const bool library_only = std::none_of(frames.begin(), frames.end(), [](const Frame& f) {
+        const std::string base = f.object.substr(f.object.rfind('/') + 1);
+        return !f.object.empty() && !system_object(f.object) && base.rfind("libmpiml", 0) != 0;
+    });
+    auto short_name = [](std::string fn) {
+        if (fn.size() > 100) fn = fn.substr(0, 97) + "...";
+        return fn;
+    };
+    if (library_only) {
+        std::string top;
+        int named = 0;
+        for (const Frame& f : frames)
+            if (!f.functions.empty() && named < 3)
+                top += std::string(named++ ? " < " : " ") + short_name(f.functions.front().first);
+        return " a library's thread," + (top.empty() ? std::string(" no symbols") : top) + "\n";
+    }
+    std::string out = "\n";
     int k = 0;
     for (const Frame& f : frames) {
         const std::string base = f.object.empty() ? "?" : f.object.substr(f.object.rfind('/') + 1);
@@ -254,20 +273,23 @@ std::string symbolize(void* const* pcs, int n, int skip) {
         }
         for (std::size_t j = 0; j < f.functions.size(); ++j) {
             const auto& [fn, loc] = f.functions[j];
-            out += "      #" + std::to_string(k++) + " " + fn + (loc.empty() ? "" : " at " + loc) + " (" +
-                   base + (j + 1 < f.functions.size() ? ", inlined" : "") + ")\n";
+            const std::string where = loc.empty() ? "" : " at " + std::filesystem::path(loc).lexically_normal().string();
+            out += "      #" + std::to_string(k++) + " " + short_name(fn) + where + " (" + base +
+                   (j + 1 < f.functions.size() ? ", inlined" : "") + ")\n";
         }
+        if (f.functions.back().first == "main") break;  // the C library's start-up below
     }
     return out;
 }
 
-void (*python_stacks)(int fd) = nullptr;
+std::atomic<void (*)(int fd)> python_stacks{nullptr};
 
 std::string python_stacks_text() {
-    if (!python_stacks) return "";
+    const auto dump = python_stacks.load();
+    if (!dump) return "";
     const int fd = ::memfd_create("mpiml-python-stacks", MFD_CLOEXEC);
     if (fd < 0) return "";
-    python_stacks(fd);
+    dump(fd);
     std::string text;
     char buf[8192];
     ::lseek(fd, 0, SEEK_SET);
@@ -329,12 +351,11 @@ std::string stacks_text() {
             if (py.find(id) != std::string::npos) continue;
         }
         native += "      thread " + std::to_string(tids[i]) + " (" + name +
-                  (tids[i] == pid ? ", main" : "") + ")";
+                  (tids[i] == pid ? ", main" : "") + "):";
         if (!answered) {
-            native += ": did not answer (the signal is blocked there)\n";
+            native += " did not answer (the signal is blocked there)\n";
             continue;
         }
-        native += ":\n";
         // Skip on_capture and the kernel's signal return frame.
         native += symbolize(s.frames, s.n, 2);
     }
@@ -812,6 +833,13 @@ void report_setup() {
         // The agent file: mpiml-report finds rank 0's agent through any rank's pid.
         const std::string dir = agent_dir();
         ::mkdir(dir.c_str(), 0700);
+        if (DIR* d = ::opendir(dir.c_str())) {  // files of processes gone
+            while (dirent* e = ::readdir(d)) {
+                const int p = std::atoi(e->d_name);
+                if (p > 0 && ::kill(p, 0) != 0 && errno == ESRCH) ::unlinkat(::dirfd(d), e->d_name, 0);
+            }
+            ::closedir(d);
+        }
         a.agent_file = dir + "/" + std::to_string(::getpid());
         if (FILE* f = std::fopen(a.agent_file.c_str(), "w")) {
             ::fchmod(::fileno(f), 0600);

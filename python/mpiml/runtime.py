@@ -77,6 +77,13 @@ def abort_job(message, code=1):
 
 
 # ------------------------------------------------------------ per-call options
+def report(reason="requested by the program"):
+    """Prints where every rank is (host, pid, collective, last collectives,
+    stacks) on rank 0's stderr and into MPIML_REPORT_DIR, and returns the
+    text. Any rank, any thread, not collective: the job goes on."""
+    return _core.report(str(reason))
+
+
 def set_timeout(seconds):
     """Collective deadline in seconds (0: off); MPIML_TIMEOUT sets it at start.
     A rank that waits longer in one collective ends the job with a message
