@@ -27,6 +27,10 @@ int main(int argc, char** argv) {
         const int rank = mpiml::proc_id();
         double x = rank;
         x = mpiml::mpi_avg(x);  // FIRST-LINE
+        if (rank == 0) {
+            std::printf("hang_child: ready\n");  // every rank is set up
+            std::fflush(stdout);
+        }
         if (mode == "mismatch") {
             std::vector<double> v(rank == 1 ? 3 : 4, 1.0);
             try {

@@ -33,7 +33,9 @@ case $case in
     # shellcheck disable=SC2086
     timeout 60 "$launcher" -np 3 $flags "${prog[@]}" demand 6 > "$dir/out" 2>&1 &
     job=$!
-    sleep 2.5  # every rank is up, rank 2 in sleepy_rank_work
+    # every rank is set up once rank 0 says so; then rank 2 goes to sleepy_rank_work
+    for _ in $(seq 300); do grep -q "hang_child: ready" "$dir/out" && break; sleep 0.1; done
+    sleep 1
     # the launcher: the first mpirun/mpiexec among timeout's descendants
     lpid=
     todo=$job

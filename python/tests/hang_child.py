@@ -22,6 +22,8 @@ def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else "hang"
     rank = mt.proc_id()
     mt.mpi_avg(float(rank))  # FIRST-LINE
+    if rank == 0:
+        print("hang_child: ready", flush=True)  # every rank is set up
     if mode == "mismatch":
         try:
             if rank == 1:
