@@ -114,8 +114,8 @@ private:
             const char* file = PyUnicode_AsUTF8(code->co_filename);
             if (file && std::string_view(file).rfind(package, 0) != 0) {
                 const char* name = PyUnicode_AsUTF8(code->co_name);
-                site = {profile_intern(file), static_cast<unsigned>(PyFrame_GetLineNumber(f)),
-                        name ? profile_intern(name) : nullptr};
+                site = {detail::profile_intern(file), static_cast<unsigned>(PyFrame_GetLineNumber(f)),
+                        name ? detail::profile_intern(name) : nullptr};
                 Py_DECREF(code);
                 Py_DECREF(f);
                 break;
