@@ -227,16 +227,19 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
                                profile_generation.load(std::memory_order_relaxed)};
 }
 
-ExitMark::ExitMark(int kind, MPI_Comm comm, std::uint64_t seq) {
+ExitMark::ExitMark(int kind, MPI_Comm comm, std::uint64_t seq, const char* call) {
+    const bool known = kind >= static_cast<int>(Kind::allreduce) && kind <= static_cast<int>(Kind::other);
+    const Kind k = known ? static_cast<Kind>(kind) : Kind::other;
+    history_ = history_enter({k, call, 0, MPI_DATATYPE_NULL, -1, -1, comm}, seq);
     if (!spans_world(comm)) return;
     exit_guard_setup();
     if (!exit_guard_ready()) return;
-    const bool known = kind >= static_cast<int>(Kind::allreduce) && kind <= static_cast<int>(Kind::other);
-    exit_mark_enter(known ? static_cast<Kind>(kind) : Kind::other, seq);
+    exit_mark_enter(k, seq);
     marked_ = true;
 }
 
 ExitMark::~ExitMark() {
+    history_leave(history_);
     if (marked_ && exit_guard_ready()) exit_mark_leave();
 }
 

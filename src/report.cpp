@@ -102,7 +102,9 @@ std::string fmt_duration(double s) {
 }
 
 std::string entry_text(const Entry& e) {
-    std::string s = describe(e.info) + " #" + std::to_string(e.seq) + " (" + e.info.call + ", on " +
+    // (no type: an operation marked from outside the core, see ExitMark)
+    std::string s = (e.info.type == MPI_DATATYPE_NULL ? std::string(kind_name(e.info.kind))
+                                                      : describe(e.info)) + " #" + std::to_string(e.seq) + " (" + e.info.call + ", on " +
                     (e.world ? "MPI_COMM_WORLD" : "another communicator") + ")";
     const std::string at = site_text(e.site);
     if (!at.empty()) s += " at " + at;
@@ -608,7 +610,8 @@ std::string make_report(const std::string& reason) {
     }
     const int n = ++a.reports;
     std::string path = report_dir();
-    ::mkdir(path.c_str(), 0755);
+    std::error_code ec;
+    std::filesystem::create_directories(path, ec);
     path += "/report-" + std::string(a.cards[0].host) + "-" + std::to_string(a.cards[0].pid) + "-" +
             std::to_string(n) + ".txt";
     std::string body;
@@ -789,7 +792,7 @@ void report_setup() {
             sa.sin_family = AF_INET;
             sa.sin_addr.s_addr = htonl(INADDR_ANY);
             socklen_t len = sizeof sa;
-            if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 && ::listen(fd, 64) == 0 &&
+            if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 && ::listen(fd, SOMAXCONN) == 0 &&
                 ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
                 port = ntohs(sa.sin_port);
             } else {

@@ -73,17 +73,19 @@ void barrier(MPI_Comm comm, const char* call);
 
 /// Marks a collective that runs outside the core (the torch.distributed
 /// backend's agreement round around a core call) for the exit guard, so that
-/// a rank ending while this one waits there ends the job. kind: 1 allreduce,
-/// 2 broadcast, 3 allgather, 4 barrier, 5 any other collective.
+/// a rank ending while this one waits there ends the job, and in the history
+/// reports show (call: a string literal or profile_intern'ed). kind: 1
+/// allreduce, 2 broadcast, 3 allgather, 4 barrier, 5 any other collective.
 class ExitMark {
 public:
-    ExitMark(int kind, MPI_Comm comm, std::uint64_t seq);
+    ExitMark(int kind, MPI_Comm comm, std::uint64_t seq, const char* call = "mpiml c10d");
     ~ExitMark();
     ExitMark(const ExitMark&) = delete;
     ExitMark& operator=(const ExitMark&) = delete;
 
 private:
     bool marked_ = false;
+    std::uint64_t history_ = 0;
 };
 /// The MPI_Op mpiml hands to MPI for type: op.native(), or mpiml's own
 /// implementation for an integer sum/prod/min/max that this MPI library

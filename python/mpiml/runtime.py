@@ -201,3 +201,6 @@ install_excepthooks()
 if os.environ.get("MPIML_PROFILE") and not _pyprofile.running():
     _pyprofile.start()
     atexit.register(_profile_stop_at_exit)
+# Reports show Python stacks until the interpreter starts to go away (atexit
+# handlers run first at interpreter exit; MPI ends after the interpreter).
+atexit.register(_core._forget_python_stacks)

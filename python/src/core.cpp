@@ -389,6 +389,8 @@ PYBIND11_MODULE(_core, m) {
     // Reports of where every rank is show this interpreter's Python stacks.
     static PyInterpreterState* interp = PyInterpreterState_Get();
     detail::set_python_stacks([](int fd) { _Py_DumpTracebackThreads(fd, interp, nullptr); });
+    // (at interpreter exit, before its threads' states go: mpiml.runtime)
+    m.def("_forget_python_stacks", [] { detail::set_python_stacks(nullptr); });
     m.def("report", [](const std::string& reason) {
         ensure_initialized_py();
         py::gil_scoped_release nogil;
