@@ -663,11 +663,20 @@ void serve(int fd) {
     if (wait) send_all(fd, text, Clock::now() + std::chrono::milliseconds(2000));
 }
 
-void on_usr1(int) {
+// SIGUSR1's handler before ours (MPICH's, or the program's): called after ours.
+struct sigaction previous_usr1 {};
+
+void on_usr1(int sig, siginfo_t* info, void* context) {
     const int saved = errno;
     const char c = 'u';
     [[maybe_unused]] const ssize_t k = ::write(agent().pipe_w, &c, 1);
     errno = saved;
+    const auto& p = previous_usr1;
+    if (p.sa_flags & SA_SIGINFO) {
+        if (p.sa_sigaction) p.sa_sigaction(sig, info, context);
+    } else if (p.sa_handler != SIG_DFL && p.sa_handler != SIG_IGN) {
+        p.sa_handler(sig);
+    }
 }
 
 void agent_loop() {
@@ -826,13 +835,12 @@ void report_setup() {
         sigemptyset(&sa.sa_mask);
         sa.sa_flags = SA_RESTART;
         ::sigaction(capture_signal(), &sa, nullptr);
-        // SIGUSR1, unless the program has its own handler.
-        struct sigaction old {};
-        if (::sigaction(SIGUSR1, nullptr, &old) == 0 && old.sa_handler == SIG_DFL &&
-            !(old.sa_flags & SA_SIGINFO)) {
-            sa.sa_handler = on_usr1;
-            ::sigaction(SIGUSR1, &sa, nullptr);
-        }
+        // SIGUSR1, then whatever handled it before (MPICH has a handler of its own).
+        struct sigaction usr1 {};
+        usr1.sa_sigaction = on_usr1;
+        sigemptyset(&usr1.sa_mask);
+        usr1.sa_flags = SA_RESTART | SA_SIGINFO;
+        ::sigaction(SIGUSR1, &usr1, &previous_usr1);
         // The agent file: mpiml-report finds rank 0's agent through any rank's pid.
         const std::string dir = agent_dir();
         ::mkdir(dir.c_str(), 0700);

@@ -34,7 +34,7 @@ case $case in
     timeout 60 "$launcher" -np 3 $flags "${prog[@]}" demand 6 > "$dir/out" 2>&1 &
     job=$!
     # every rank is set up once rank 0 says so; then rank 2 goes to sleepy_rank_work
-    for _ in $(seq 300); do grep -q "hang_child: ready" "$dir/out" && break; sleep 0.1; done
+    for _ in $(seq 300); do grep -q "hang_child: ready" "$dir/out" 2> /dev/null && break; sleep 0.1; done
     sleep 1
     # the launcher: the first mpirun/mpiexec among timeout's descendants
     lpid=
@@ -49,7 +49,7 @@ case $case in
     done
     [ -n "$lpid" ] || fail "no launcher process under $job"
     if [ "$case" = signal ]; then
-      kill -USR1 "$lpid"
+      kill -USR1 "$lpid"  # mpirun and Hydra's mpiexec forward it to every rank
     else
       # shellcheck disable=SC2086  # REPORT_TOOL may be a command with arguments
       ${REPORT_TOOL:?} "$lpid" > "$dir/tool.out" 2>&1 || fail "mpiml-report exited $?"
