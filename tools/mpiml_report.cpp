@@ -1,6 +1,6 @@
 // mpiml-report PID [reason]: prints where every rank of a running job is.
 // PID is the launcher (mpirun, mpiexec) or any rank; the job goes on.
-#include "report.hpp"
+#include "core/report.hpp"
 
 #include <mpiml/error.hpp>
 

@@ -23,7 +23,7 @@
 namespace py = pybind11;
 
 namespace mpiml::detail {
-void exit_guard_run();  // src/exit_guard.hpp (libmpiml, not installed)
+void exit_guard_run();  // src/core/exit_guard.hpp (libmpiml, not installed)
 }
 
 // Python's own dumper of every thread's frames (faulthandler's; no GIL needed).
