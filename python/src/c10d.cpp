@@ -795,7 +795,7 @@ void ProcessGroupMpiml::loop(bool runner) {
                 std::optional<mpiml::detail::ExitMark> mark;
                 if (e.collective && size_ > 1)
                     mark.emplace(exit_kind(e.sig.v[0]), comm_, seq_,
-                                 mpiml::detail::profile_intern(e.name));
+                                 mpiml::detail::profile_intern("mpiml c10d " + e.name));
                 if (e.collective && check_.load(std::memory_order_relaxed) && size_ > 1) verify(e);
                 req = e.run(*e.work);
             } catch (...) {
