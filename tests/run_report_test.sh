@@ -87,7 +87,7 @@ check_report() {  # the one report: rank 2 late at its line, ranks 0 and 1 in th
 case $case in
   hang)
     check_report
-    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "the job exited $rc"
+    if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then fail "the job exited $rc"; fi
     grep -q "watchdog: .*waited" "$out" || fail "no watchdog line"
     # start-up and MPI_Abort on top of the 2 s deadline + 5 s
     awk -v e="$elapsed" 'BEGIN { exit !(e <= 12) }' || fail "took ${elapsed}s" ;;
