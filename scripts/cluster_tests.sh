@@ -132,6 +132,29 @@ if [ -x "$fc" ]; then
 fi
 unset MPIML_TIMEOUT
 
+# Where every rank is: rank 2 of 3, alone on h2, is late in a function of its
+# own; rank 0's agent (h1) asks h2's for its section (tests/run_report_test.sh).
+echo "-- report of where every rank is (the late rank alone on h2)"
+pypath=$build/install/lib/python3.11/dist-packages
+report_case() {  # name case program...
+  local name=$1 c=$2 t0 rc
+  shift 2
+  t0=$(date +%s.%N)
+  REPORT_TOOL="$cl exec h1 $build/mpiml-report" bash "$root/tests/run_report_test.sh" "$mpirun_cl" \
+    "--host h1:2,h2:1 -x PYTHONPATH=$pypath" "$c" "$@" > "$log/$name.log" 2>&1
+  rc=$?
+  hosts_empty >> "$log/$name.log" || rc=1
+  result "$name" $rc "($(secs "$t0") s)"
+}
+for c in hang signal command; do
+  REPORT_SOURCE=$root/tests/hang_child.cpp report_case report.cpp.$c $c "$build/tests/hang_child"
+done
+if [ -d "$pypath/mpiml" ]; then
+  REPORT_SOURCE=$root/python/tests/hang_child.py report_case report.py.hang hang /usr/bin/python3 "$root/python/tests/hang_child.py"
+else
+  echo "  skip  report.py.hang (no installed Python package at $pypath)"
+fi
+
 # MPICH: the same hosts through Hydra's rsh launcher and the same agent, with
 # the MPICH build of the tests (scripts/test.sh builds it before this stage).
 mpich_build=${MPICH_BUILD:-$root/build-mpich}

@@ -3,17 +3,21 @@
 // Typed templates over a small type-erased core (detail::allreduce,
 // detail::broadcast), so that every collective goes through one place that
 // checks arguments, runs the watchdog, the mismatch check and the profiler.
+// The last argument of each, left to its default, is the caller's source
+// location: mismatch errors and reports name it.
 #pragma once
 
 #include <mpiml/datatype.hpp>
 #include <mpiml/error.hpp>
 #include <mpiml/op.hpp>
+#include <mpiml/report.hpp>
 #include <mpiml/session.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <ranges>
+#include <source_location>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -53,17 +57,19 @@ void barrier(MPI_Comm comm, const char* call);
 
 /// Marks a collective that runs outside the core (the torch.distributed
 /// backend's agreement round around a core call) for the exit guard, so that
-/// a rank ending while this one waits there ends the job. kind: 1 allreduce,
-/// 2 broadcast, 3 allgather, 4 barrier, 5 any other collective.
+/// a rank ending while this one waits there ends the job, and in the history
+/// reports show (call: a string literal or profile_intern'ed). kind: 1
+/// allreduce, 2 broadcast, 3 allgather, 4 barrier, 5 any other collective.
 class ExitMark {
 public:
-    ExitMark(int kind, MPI_Comm comm, std::uint64_t seq);
+    ExitMark(int kind, MPI_Comm comm, std::uint64_t seq, const char* call = "mpiml c10d");
     ~ExitMark();
     ExitMark(const ExitMark&) = delete;
     ExitMark& operator=(const ExitMark&) = delete;
 
 private:
     bool marked_ = false;
+    std::uint64_t history_ = 0;
 };
 /// The MPI_Op mpiml hands to MPI for type: op.native(), or mpiml's own
 /// implementation for an integer sum/prod/min/max that this MPI library
@@ -81,7 +87,9 @@ constexpr TypeClass type_class_of() {
 /// allreduce(send, recv, op): recv[i] = op over ranks of send[i].
 /// send and recv must hold the same number of elements of the same type.
 template <MpiRange S, MutableMpiRange R>
-void allreduce(const S& send, R&& recv, ReduceOp op, Comm comm = {}) {
+void allreduce(const S& send, R&& recv, ReduceOp op, Comm comm = {},
+               std::source_location loc = std::source_location::current()) {
+    detail::SiteMark site(loc);
     using T = range_elem_t<S>;
     static_assert(std::is_same_v<T, range_elem_t<R>>,
                   "mpiml::allreduce: send and recv must have the same element type");
@@ -96,14 +104,18 @@ void allreduce(const S& send, R&& recv, ReduceOp op, Comm comm = {}) {
 
 /// Scalar allreduce(send, recv, op).
 template <MpiType T>
-void allreduce(const T& send, T& recv, ReduceOp op, Comm comm = {}) {
+void allreduce(const T& send, T& recv, ReduceOp op, Comm comm = {},
+               std::source_location loc = std::source_location::current()) {
+    detail::SiteMark site(loc);
     detail::allreduce(&send, &recv, 1, mpi_datatype<T>(), detail::type_class_of<T>(), op,
                       comm.get("mpiml::allreduce"), "mpiml::allreduce");
 }
 
 /// In-place allreduce(x, op) of a range.
 template <MutableMpiRange R>
-void allreduce(R&& x, ReduceOp op, Comm comm = {}) {
+void allreduce(R&& x, ReduceOp op, Comm comm = {},
+               std::source_location loc = std::source_location::current()) {
+    detail::SiteMark site(loc);
     using T = range_elem_t<R>;
     detail::allreduce(MPI_IN_PLACE, std::ranges::data(x), std::ranges::size(x),
                       mpi_datatype<T>(), detail::type_class_of<T>(), op, comm.get("mpiml::allreduce"),
@@ -112,7 +124,9 @@ void allreduce(R&& x, ReduceOp op, Comm comm = {}) {
 
 /// In-place allreduce(x, op) of a scalar.
 template <MpiType T>
-void allreduce(T& x, ReduceOp op, Comm comm = {}) {
+void allreduce(T& x, ReduceOp op, Comm comm = {},
+               std::source_location loc = std::source_location::current()) {
+    detail::SiteMark site(loc);
     detail::allreduce(MPI_IN_PLACE, &x, 1, mpi_datatype<T>(), detail::type_class_of<T>(), op,
                       comm.get("mpiml::allreduce"), "mpiml::allreduce");
 }
@@ -121,26 +135,33 @@ void allreduce(T& x, ReduceOp op, Comm comm = {}) {
 
 /// broadcast(x, root): x becomes root's x on every rank (in place).
 template <MpiType T>
-void broadcast(T& x, int root = 0, Comm comm = {}) {
+void broadcast(T& x, int root = 0, Comm comm = {},
+               std::source_location loc = std::source_location::current()) {
+    detail::SiteMark site(loc);
     detail::broadcast(&x, 1, mpi_datatype<T>(), root, comm.get("mpiml::broadcast"), "mpiml::broadcast");
 }
 
 /// In-place broadcast of a range; every rank must pass the same length.
 template <MutableMpiRange R>
     requires(!std::is_same_v<std::remove_cvref_t<R>, std::string>)
-void broadcast(R&& x, int root = 0, Comm comm = {}) {
+void broadcast(R&& x, int root = 0, Comm comm = {},
+               std::source_location loc = std::source_location::current()) {
+    detail::SiteMark site(loc);
     detail::broadcast(std::ranges::data(x), std::ranges::size(x), mpi_datatype<range_elem_t<R>>(),
                       root, comm.get("mpiml::broadcast"), "mpiml::broadcast");
 }
 
 /// Broadcast of a string; other ranks' strings are resized to root's.
-void broadcast(std::string& s, int root = 0, Comm comm = {});
+void broadcast(std::string& s, int root = 0, Comm comm = {},
+               std::source_location loc = std::source_location::current());
 
 // ------------------------------------------------- seed: mpi_op, sum, avg
 
 /// mpi_op(x, op): the reduction of scalar x over all ranks, same type as x.
 template <MpiType T>
-T mpi_op(const T& x, ReduceOp op, Comm comm = {}) {
+T mpi_op(const T& x, ReduceOp op, Comm comm = {},
+               std::source_location loc = std::source_location::current()) {
+    detail::SiteMark site(loc);
     T out{};
     detail::allreduce(&x, &out, 1, mpi_datatype<T>(), detail::type_class_of<T>(), op,
                       comm.get("mpiml::mpi_op"), "mpiml::mpi_op");
@@ -149,7 +170,9 @@ T mpi_op(const T& x, ReduceOp op, Comm comm = {}) {
 
 /// mpi_op(x, op) of a range: a new vector, same element type as x.
 template <MpiRange R>
-std::vector<range_elem_t<R>> mpi_op(const R& x, ReduceOp op, Comm comm = {}) {
+std::vector<range_elem_t<R>> mpi_op(const R& x, ReduceOp op, Comm comm = {},
+               std::source_location loc = std::source_location::current()) {
+    detail::SiteMark site(loc);
     using T = range_elem_t<R>;
     std::vector<T> out(std::ranges::size(x));
     detail::allreduce(std::ranges::data(x), out.data(), out.size(), mpi_datatype<T>(),
@@ -160,7 +183,9 @@ std::vector<range_elem_t<R>> mpi_op(const R& x, ReduceOp op, Comm comm = {}) {
 /// Sum of a scalar or range over all ranks (element type preserved).
 template <class X>
     requires MpiType<X> || MpiRange<X>
-auto mpi_sum(const X& x, Comm comm = {}) {
+auto mpi_sum(const X& x, Comm comm = {},
+               std::source_location loc = std::source_location::current()) {
+    detail::SiteMark site(loc);
     return mpi_op(x, Op::sum, comm);
 }
 
@@ -172,7 +197,9 @@ using avg_t = std::conditional_t<detail::type_class_of<T>() == TypeClass::intege
 
 /// Average of a scalar over all ranks. Integers average to double.
 template <MpiType T>
-avg_t<T> mpi_avg(const T& x, Comm comm = {}) {
+avg_t<T> mpi_avg(const T& x, Comm comm = {},
+               std::source_location loc = std::source_location::current()) {
+    detail::SiteMark site(loc);
     const MPI_Comm c = comm.get("mpiml::mpi_avg");
     const avg_t<T> v = static_cast<avg_t<T>>(x);
     avg_t<T> sum{};
@@ -183,7 +210,9 @@ avg_t<T> mpi_avg(const T& x, Comm comm = {}) {
 
 /// Elementwise average of a range over all ranks: a new vector.
 template <MpiRange R>
-std::vector<avg_t<range_elem_t<R>>> mpi_avg(const R& x, Comm comm = {}) {
+std::vector<avg_t<range_elem_t<R>>> mpi_avg(const R& x, Comm comm = {},
+               std::source_location loc = std::source_location::current()) {
+    detail::SiteMark site(loc);
     using T = range_elem_t<R>;
     using A = avg_t<T>;
     const MPI_Comm c = comm.get("mpiml::mpi_avg");
@@ -203,11 +232,13 @@ std::vector<avg_t<range_elem_t<R>>> mpi_avg(const R& x, Comm comm = {}) {
 }
 
 /// Blocks until every rank of comm has called it.
-void barrier(Comm comm = {});
+void barrier(Comm comm = {}, std::source_location loc = std::source_location::current());
 
 /// Every rank's value, in rank order.
 template <MpiType T>
-std::vector<T> allgather(const T& x, Comm comm = {}) {
+std::vector<T> allgather(const T& x, Comm comm = {},
+               std::source_location loc = std::source_location::current()) {
+    detail::SiteMark site(loc);
     const MPI_Comm c = comm.get("mpiml::allgather");
     std::vector<T> out(static_cast<std::size_t>(num_procs(c)));
     detail::allgather(&x, out.data(), 1, mpi_datatype<T>(), c, "mpiml::allgather");

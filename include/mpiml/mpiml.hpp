@@ -9,6 +9,7 @@
 #include <mpiml/launch.hpp>
 #include <mpiml/print.hpp>
 #include <mpiml/profile.hpp>
+#include <mpiml/report.hpp>
 #include <mpiml/session.hpp>
 #include <mpiml/shm.hpp>
 #include <mpiml/stats.hpp>

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <mpiml/collectives.hpp>
+#include <mpiml/report.hpp>
 
 #include <cstdint>
 #include <span>
@@ -45,7 +46,9 @@ Statistics reduce_moments(const Moments& local, MPI_Comm comm, const char* call)
 /// with_min_and_max is accepted for the seed's signature; min and max are
 /// computed either way at no extra cost.
 template <MpiRange R>
-Statistics mpi_statistics_scalar(const R& x, bool with_min_and_max = false, Comm comm = {}) {
+Statistics mpi_statistics_scalar(const R& x, bool with_min_and_max = false, Comm comm = {},
+                                 std::source_location loc = std::source_location::current()) {
+    detail::SiteMark site(loc);
     (void)with_min_and_max;
     const auto* p = std::ranges::data(x);
     const auto n = std::ranges::size(x);

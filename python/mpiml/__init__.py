@@ -17,7 +17,7 @@ from .mpi_tools import (IN_PLACE, allreduce, barrier, broadcast, mpi_avg, mpi_fo
 from . import checkpoint
 from .checkpoint import capture_rng, load_checkpoint, restore_rng, save_checkpoint
 from .runtime import (check_enabled, profile_dir, profile_start, profile_stop, profiling, region,
-                      set_check, set_timeout, timeout)
+                      report, set_check, set_timeout, timeout)
 
 _TORCH_NAMES = ("setup_pytorch_for_mpi", "sync_params", "mpi_avg_grads", "GradAverager")
 

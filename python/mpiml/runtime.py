@@ -77,6 +77,13 @@ def abort_job(message, code=1):
 
 
 # ------------------------------------------------------------ per-call options
+def report(reason="requested by the program"):
+    """Prints where every rank is (host, pid, collective, last collectives,
+    stacks) on rank 0's stderr and into MPIML_REPORT_DIR, and returns the
+    text. Any rank, any thread, not collective: the job goes on."""
+    return _core.report(str(reason))
+
+
 def set_timeout(seconds):
     """Collective deadline in seconds (0: off); MPIML_TIMEOUT sets it at start.
     A rank that waits longer in one collective ends the job with a message
@@ -194,3 +201,6 @@ install_excepthooks()
 if os.environ.get("MPIML_PROFILE") and not _pyprofile.running():
     _pyprofile.start()
     atexit.register(_profile_stop_at_exit)
+# Reports show Python stacks until the interpreter starts to go away (atexit
+# handlers run first at interpreter exit; MPI ends after the interpreter).
+atexit.register(_core._forget_python_stacks)

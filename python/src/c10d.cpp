@@ -39,6 +39,10 @@
 #include <sched.h>
 #include <sys/prctl.h>
 
+namespace mpiml::detail {
+void report_on_hang(const std::string& why);  // src/report.hpp (libmpiml, not installed)
+}
+
 namespace py = pybind11;
 
 namespace mpiml_c10d {
@@ -789,7 +793,9 @@ void ProcessGroupMpiml::loop(bool runner) {
             try {
                 // The agreement round runs outside the core: mark it for the exit guard.
                 std::optional<mpiml::detail::ExitMark> mark;
-                if (e.collective && size_ > 1) mark.emplace(exit_kind(e.sig.v[0]), comm_, seq_);
+                if (e.collective && size_ > 1)
+                    mark.emplace(exit_kind(e.sig.v[0]), comm_, seq_,
+                                 mpiml::detail::profile_intern("mpiml c10d " + e.name));
                 if (e.collective && check_.load(std::memory_order_relaxed) && size_ > 1) verify(e);
                 req = e.run(*e.work);
             } catch (...) {
@@ -863,9 +869,11 @@ void ProcessGroupMpiml::watchdog_loop() {
         char head[200];
         std::snprintf(head, sizeof head, " waited %.1f s, past the timeout of %g s", waited,
                       timeout_s_);
-        mpiml::abort_job("watchdog: mpiml c10d " + what + head + " (group " + group_id_ + ": " +
-                         ranks_text_ + "; this is group rank " + std::to_string(rank_) +
-                         "); a rank of the group did not arrive or failed");
+        const std::string line = "watchdog: mpiml c10d " + what + head + " (group " + group_id_ +
+                                 ": " + ranks_text_ + "; this is group rank " +
+                                 std::to_string(rank_) + "); a rank of the group did not arrive or failed";
+        mpiml::detail::report_on_hang(line);
+        mpiml::abort_job(line);
     }
 }
 

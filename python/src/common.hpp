@@ -9,6 +9,7 @@
 #include <atomic>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 namespace py = pybind11;
 
@@ -90,5 +91,44 @@ inline Comm to_comm(py::handle c) {
     if (comm == MPI_COMM_NULL) raise("ArgumentError", "mpiml", "comm is MPI_COMM_NULL");
     return Comm(comm);
 }
+
+// ------------------------------------------------------------ call sites
+
+/// The Python caller's frame (the first outside the mpiml package) as the
+/// call site of the collectives run while it lives. Needs the GIL.
+class PySite {
+public:
+    PySite() : mark_(caller()) {}
+
+private:
+    static detail::CallSite caller() {
+        static const std::string package = [] {
+            const auto file = py::module_::import("mpiml").attr("__file__").cast<std::string>();
+            return file.substr(0, file.rfind('/') + 1);
+        }();
+        PyFrameObject* f = PyEval_GetFrame();  // borrowed
+        Py_XINCREF(f);
+        detail::CallSite site{};
+        while (f) {
+            PyCodeObject* code = PyFrame_GetCode(f);
+            const char* file = PyUnicode_AsUTF8(code->co_filename);
+            if (file && std::string_view(file).rfind(package, 0) != 0) {
+                const char* name = PyUnicode_AsUTF8(code->co_name);
+                site = {detail::profile_intern(file), static_cast<unsigned>(PyFrame_GetLineNumber(f)),
+                        name ? detail::profile_intern(name) : nullptr};
+                Py_DECREF(code);
+                Py_DECREF(f);
+                break;
+            }
+            Py_DECREF(code);
+            PyFrameObject* back = PyFrame_GetBack(f);
+            Py_DECREF(f);
+            f = back;
+        }
+        PyErr_Clear();
+        return site;
+    }
+    detail::SiteMark mark_;
+};
 
 }  // namespace mpiml::python

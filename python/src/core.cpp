@@ -26,6 +26,10 @@ namespace mpiml::detail {
 void exit_guard_run();  // src/core/exit_guard.hpp (libmpiml, not installed)
 }
 
+// Python's own dumper of every thread's frames (faulthandler's; no GIL needed).
+extern "C" const char* _Py_DumpTracebackThreads(int fd, PyInterpreterState* interp,
+                                                PyThreadState* current_tstate);
+
 namespace {
 
 using namespace mpiml;
@@ -113,6 +117,7 @@ ReduceOp to_op(py::handle op, const char* call) {
 
 // allreduce(send or None (in place), recv, op, comm)
 void py_allreduce(py::handle send_h, py::array recv, py::handle op_h, py::handle comm_h) {
+    PySite site;
     static const char* call = "allreduce";
     const Comm comm = to_comm(comm_h);
     const ReduceOp op = to_op(op_h, call);
@@ -166,6 +171,7 @@ py::array as_array(py::handle x) {
 py::object numpy_scalar(double v, int npy_type);
 
 py::object py_reduce(py::handle x_h, py::handle op_h, bool avg, py::handle comm_h, const char* call) {
+    PySite site;
     if (PyFloat_CheckExact(x_h.ptr())) {  // the common case (PPO's KL): no array at all
         const Comm comm = to_comm(comm_h);
         const ReduceOp op = avg ? ReduceOp(Op::sum) : to_op(op_h, call);
@@ -242,6 +248,7 @@ py::object numpy_scalar(double v, int npy_type) {
 
 // mpi_statistics_scalar: one collective through the C++ core.
 py::tuple py_statistics(py::handle x_h, bool with_min_and_max, py::handle comm_h) {
+    PySite site;
     static const char* call = "mpi_statistics_scalar";
     py::array x = as_array(x_h);
     const Comm comm = to_comm(comm_h);
@@ -272,6 +279,7 @@ py::tuple py_statistics(py::handle x_h, bool with_min_and_max, py::handle comm_h
 }
 
 void py_broadcast(py::handle x_h, int root, py::handle comm_h) {
+    PySite site;
     static const char* call = "broadcast";
     const Comm comm = to_comm(comm_h);
     if (!py::isinstance<py::array>(x_h))
@@ -378,6 +386,18 @@ PYBIND11_MODULE(_core, m) {
 
     mpiml::python::register_checkpoint(m);
 
+    // Reports of where every rank is show this interpreter's Python stacks.
+    static PyInterpreterState* interp = PyInterpreterState_Get();
+    detail::set_python_stacks([](int fd) { _Py_DumpTracebackThreads(fd, interp, nullptr); });
+    // (at interpreter exit, before its threads' states go: mpiml.runtime)
+    m.def("_forget_python_stacks", [] { detail::set_python_stacks(nullptr); });
+    m.def("report", [](const std::string& reason) {
+        ensure_initialized_py();
+        py::gil_scoped_release nogil;
+        return report(reason);
+    }, py::arg("reason") = "requested by the program",
+       "Prints where every rank is (rank 0's stderr and MPIML_REPORT_DIR); returns the text.");
+
     m.def("init", &ensure_initialized_py, "Initializes MPI (THREAD_MULTIPLE) unless already initialized.");
     m.def("is_initialized", [] { return is_initialized(); });
     m.def("is_finalized", [] { return is_finalized(); });
@@ -394,6 +414,7 @@ PYBIND11_MODULE(_core, m) {
     m.def("proc_id", [](py::handle comm) { return proc_id(to_comm(comm)); }, py::arg("comm") = py::none());
     m.def("num_procs", [](py::handle comm) { return num_procs(to_comm(comm)); }, py::arg("comm") = py::none());
     m.def("barrier", [](py::handle comm) {
+        PySite site;
         const Comm c = to_comm(comm);
         py::gil_scoped_release nogil;
         barrier(c);

@@ -54,6 +54,7 @@ public:
 private:
     bool armed_ = false;
     bool marked_ = false;  // on the exit guard's board
+    std::uint64_t history_ = 0;  // its entry in the history (report.cpp)
     std::optional<ProfileMark> profile_;
 };
 

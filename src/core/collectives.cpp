@@ -3,6 +3,7 @@
 #include "core/call.hpp"
 #include "core/exit_guard.hpp"
 #include "core/profile_hooks.hpp"
+#include "core/report.hpp"
 #include "core/state.hpp"
 #include "core/op.hpp"
 #include "core/types.hpp"
@@ -13,6 +14,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
+#include <cstring>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -143,6 +146,13 @@ void check_consistent(const CallInfo& info, std::uint64_t seq) {
     std::vector<std::int64_t> all(static_cast<std::size_t>(n) * size);
     check_mpi(MPI_Allgather(sig, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, info.comm),
               info.call);
+    // and from where (each rank's call site, cut to a fixed length)
+    constexpr int site_len = 256;
+    char site[site_len] = {};
+    std::snprintf(site, sizeof site, "%s", site_text(current_site()).c_str());
+    std::vector<char> sites(static_cast<std::size_t>(site_len) * size);
+    check_mpi(MPI_Allgather(site, site_len, MPI_CHAR, sites.data(), site_len, MPI_CHAR, info.comm),
+              info.call);
     std::vector<std::string> called(static_cast<std::size_t>(size));
     for (int r = 0; r < size; ++r) {
         const std::int64_t* s = all.data() + static_cast<std::size_t>(r) * n;
@@ -153,6 +163,8 @@ void check_consistent(const CallInfo& info, std::uint64_t seq) {
         c.root = static_cast<int>(s[4]);
         c.type = type_of_id(s[2]);
         called[r] = describe(c);
+        const char* at = sites.data() + static_cast<std::size_t>(r) * site_len;
+        if (at[0]) called[r] += std::string(" at ") + std::string(at, strnlen(at, site_len));
     }
     const std::string text = "mismatched collectives (call #" + std::to_string(seq) +
                              " on this communicator): " + group_ranks(called, 0, "called", "called");
@@ -173,11 +185,13 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
     if (info.comm == MPI_COMM_WORLD) arrival_mark(seq);
     if (spans_world(info.comm)) {
         exit_guard_setup();
+        report_setup();
         if (exit_guard_ready()) {
             exit_mark_enter(info.kind, seq);
             marked_ = true;
         }
     }
+    history_ = history_enter(info, seq);
     if (!check && !timed && !prof) return;
     if (timed) {
         watchdog_arm(info, seq);
@@ -188,6 +202,8 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
             check_consistent(info, seq);
         } catch (...) {
             if (armed_) watchdog_disarm();
+            history_leave(history_);
+            if (marked_ && exit_guard_ready()) exit_mark_leave();
             throw;
         }
     }
@@ -196,20 +212,24 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
                                profile_generation.load(std::memory_order_relaxed)};
 }
 
-ExitMark::ExitMark(int kind, MPI_Comm comm, std::uint64_t seq) {
+ExitMark::ExitMark(int kind, MPI_Comm comm, std::uint64_t seq, const char* call) {
+    const bool known = kind >= static_cast<int>(Kind::allreduce) && kind <= static_cast<int>(Kind::other);
+    const Kind k = known ? static_cast<Kind>(kind) : Kind::other;
+    history_ = history_enter({k, call, 0, MPI_DATATYPE_NULL, -1, -1, comm}, seq);
     if (!spans_world(comm)) return;
     exit_guard_setup();
     if (!exit_guard_ready()) return;
-    const bool known = kind >= static_cast<int>(Kind::allreduce) && kind <= static_cast<int>(Kind::other);
-    exit_mark_enter(known ? static_cast<Kind>(kind) : Kind::other, seq);
+    exit_mark_enter(k, seq);
     marked_ = true;
 }
 
 ExitMark::~ExitMark() {
+    history_leave(history_);
     if (marked_ && exit_guard_ready()) exit_mark_leave();
 }
 
 CollectiveScope::~CollectiveScope() {
+    history_leave(history_);
     if (marked_ && exit_guard_ready()) exit_mark_leave();
     if (armed_) watchdog_disarm();
     if (profile_) profile_collective(*profile_);
@@ -279,9 +299,13 @@ void barrier(MPI_Comm comm, const char* call) {
 
 }  // namespace detail
 
-void barrier(Comm comm) { detail::barrier(comm.get("mpiml::barrier"), "mpiml::barrier"); }
+void barrier(Comm comm, std::source_location loc) {
+    detail::SiteMark site(loc);
+    detail::barrier(comm.get("mpiml::barrier"), "mpiml::barrier");
+}
 
-void broadcast(std::string& s, int root, Comm comm) {
+void broadcast(std::string& s, int root, Comm comm, std::source_location loc) {
+    detail::SiteMark site(loc);
     const MPI_Comm c = comm.get("mpiml::broadcast");
     unsigned long long n = s.size();
     detail::broadcast(&n, 1, MPI_UNSIGNED_LONG_LONG, root, c, "mpiml::broadcast");

@@ -192,6 +192,8 @@ EnvConfig read_env_config() {
     }
     if (auto v = get("MPIML_ABORT_RECORD")) c.abort_record = *v;
     if (auto v = get("MPIML_C10D_CHECK")) c.c10d_check = parse_bool("MPIML_C10D_CHECK", *v);
+    if (auto v = get("MPIML_REPORT")) c.report = parse_bool("MPIML_REPORT", *v);
+    if (auto v = get("MPIML_REPORT_DIR")) c.report_dir = *v;
     return c;
 }
 

@@ -29,6 +29,8 @@ struct EnvConfig {
     int attempt = 0;                // MPIML_ATTEMPT: 0 first, set by restarting launchers
     std::string abort_record;       // MPIML_ABORT_RECORD: file the abort line is appended to
     std::optional<bool> c10d_check; // MPIML_C10D_CHECK
+    std::optional<bool> report;     // MPIML_REPORT: the report agent (default on)
+    std::string report_dir;         // MPIML_REPORT_DIR (default ./mpiml-reports)
 };
 
 /// Parses MPIML_INJECT's value (exposed for tests).

@@ -1,6 +1,7 @@
 #include "core/config.hpp"
 #include "core/exit_guard.hpp"
 #include "core/profile_hooks.hpp"
+#include "core/report.hpp"
 #include "core/state.hpp"
 
 #include <mpiml/error.hpp>
@@ -81,7 +82,10 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
     inject_setup();
     // Set up with MPI_Init, which every rank calls; when another library
     // initialized MPI, on the first collective that spans every rank.
-    if (s.we_initialized) exit_guard_setup();
+    if (s.we_initialized) {
+        exit_guard_setup();
+        report_setup();
+    }
     s.ready = true;
     profile_from_environment();
 }

@@ -1,5 +1,6 @@
 // Collective watchdog: a rank stuck in a collective past its deadline says
 // where it waits and which ranks never arrived, then aborts the job.
+#include "core/report.hpp"
 #include "core/state.hpp"
 #include "core/watchdog.hpp"
 
@@ -94,6 +95,7 @@ void loop() {
                       w.info.call, waited, limit);
         const std::string what = head + describe(w.info) + ", call #" + std::to_string(w.seq) +
                                  " on " + name_of(w.info.comm) + missing_ranks(w.seq, w.info.comm);
+        report_on_hang(what);
         abort_job(what, 1);
     }
 }

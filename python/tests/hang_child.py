@@ -1,0 +1,44 @@
+"""Rank 2 of 3 is late in a function of its own while the others wait in a
+collective: the report (tests/run_report_test.sh, run by test_report.py)
+names both places.
+    hang_child.py hang      the others wait past MPIML_TIMEOUT: report, abort
+    hang_child.py demand S  rank 2 is late S seconds; the job ends with 0
+    hang_child.py mismatch  rank 1 passes another count (MPIML_CHECK=1)
+"""
+import sys
+import time
+
+import numpy as np
+
+import mpiml
+import mpiml.mpi_tools as mt
+
+
+def sleepy_rank_work(s):
+    time.sleep(s)  # LATE-LINE
+
+
+def main():
+    mode = sys.argv[1] if len(sys.argv) > 1 else "hang"
+    rank = mt.proc_id()
+    mt.mpi_avg(float(rank))  # FIRST-LINE
+    if rank == 0:
+        print("hang_child: ready", flush=True)  # every rank is set up
+    if mode == "mismatch":
+        try:
+            if rank == 1:
+                mt.mpi_sum(np.ones(3))  # MISMATCH-ONE
+            else:
+                mt.mpi_sum(np.ones(4))  # MISMATCH-OTHERS
+        except mpiml.Error as e:
+            print(f"rank {rank} caught: {e}", flush=True)
+        return
+    late = float(sys.argv[2]) if mode == "demand" else 60.0
+    if rank == 2:
+        sleepy_rank_work(late)
+    mt.barrier()  # WAIT-LINE
+    if rank == 0:
+        print(f"hang_child: {mode} done", flush=True)
+
+
+main()

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# run_report_test.sh <launcher> <flags> <case> <program...>
+# Rank 2 of 3 is late in sleepy_rank_work while ranks 0 and 1 wait; checks
+# the report (docs/DEBUGGING.md). The program is tests/hang_child or
+# python/tests/hang_child.py; REPORT_TOOL is mpiml-report. Cases:
+#   hang      MPIML_TIMEOUT=2: the report (ranks 0, 1 in the collective at
+#             their line, rank 2 in sleepy_rank_work at its line), then the
+#             job ends non-zero within the deadline + 5 s (+ start-up)
+#   signal    SIGUSR1 to the launcher while rank 2 is late: the report, and
+#             the job ends with 0
+#   command   the same through mpiml-report <launcher pid>
+#   mismatch  MPIML_CHECK=1, rank 1 passes another count: the error names
+#             both call sites
+set -u
+launcher=$1 flags=$2 case=$3
+shift 3
+prog=("$@")
+src=${REPORT_SOURCE:?set REPORT_SOURCE to the source of the program (for its line numbers)}
+line() { grep -n -- "$1" "$src" | head -1 | cut -d: -f1; }
+base=$(basename "$src")
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+export MPIML_REPORT_DIR=$dir/reports
+ok=1
+fail() { echo "FAIL: $*"; ok=0; }
+start=$(date +%s.%N)
+case $case in
+  hang)
+    # shellcheck disable=SC2086
+    MPIML_TIMEOUT=2 timeout 40 "$launcher" -np 3 $flags "${prog[@]}" hang > "$dir/out" 2>&1
+    rc=$? ;;
+  signal|command)
+    # shellcheck disable=SC2086
+    timeout 60 "$launcher" -np 3 $flags "${prog[@]}" demand 6 > "$dir/out" 2>&1 &
+    job=$!
+    # every rank is set up once rank 0 says so; then rank 2 goes to sleepy_rank_work
+    for _ in $(seq 300); do grep -q "hang_child: ready" "$dir/out" 2> /dev/null && break; sleep 0.1; done
+    sleep 1
+    # the launcher: the first mpirun/mpiexec among timeout's descendants
+    lpid=
+    todo=$job
+    while [ -z "$lpid" ] && [ -n "$todo" ]; do
+      next=
+      for p in $todo; do
+        case $(ps -o comm= -p "$p") in mpirun|mpiexec*|orterun|prterun) lpid=$p; break ;; esac
+        next="$next $(pgrep -P "$p" | xargs)"
+      done
+      todo=$next
+    done
+    [ -n "$lpid" ] || fail "no launcher process under $job"
+    if [ "$case" = signal ]; then
+      kill -USR1 "$lpid"  # mpirun and Hydra's mpiexec forward it to every rank
+    else
+      # shellcheck disable=SC2086  # REPORT_TOOL may be a command with arguments
+      ${REPORT_TOOL:?} "$lpid" > "$dir/tool.out" 2>&1 || fail "mpiml-report exited $?"
+      grep -q "sleepy_rank_work" "$dir/tool.out" || fail "mpiml-report's output does not name sleepy_rank_work"
+    fi
+    wait $job
+    rc=$? ;;
+  mismatch)
+    # shellcheck disable=SC2086
+    MPIML_CHECK=1 timeout 40 "$launcher" -np 3 $flags "${prog[@]}" mismatch > "$dir/out" 2>&1
+    rc=$? ;;
+  *) echo "unknown case $case"; exit 2 ;;
+esac
+elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+cat "$dir/out"
+echo "---- case=$case exit=$rc elapsed=${elapsed}s"
+out=$dir/out
+# A section: from its "==== rank R/3" line to the next one.
+section() { awk -v r="==== rank $1/3 " 'index($0, r) == 1 { on = 1; print; next } /^==== rank |^\[mpiml\] end of report/ { on = 0 } on' "$out"; }
+check_report() {  # the one report: rank 2 late at its line, ranks 0 and 1 in the collective at theirs
+  [ "$(grep -c '^\[mpiml\] report: where every rank is (3 ranks)' "$out")" -eq 1 ] || fail "not exactly one report"
+  local late wait r
+  late=$(line LATE-LINE) wait=$(line WAIT-LINE)
+  section 2 | grep -q "not in a collective" || fail "rank 2 is not 'not in a collective'"
+  section 2 | grep -Eq "sleepy_rank_work.*$base:$late|$base\", line $late in sleepy_rank_work" ||
+    fail "rank 2's stack does not show sleepy_rank_work at $base:$late"
+  for r in 0 1; do
+    section $r | grep -Eq "^==== rank $r/3 .*: in barrier #[0-9]+ .* at [^ ]*$base:$wait" ||
+      fail "rank $r is not in the barrier at $base:$wait"
+    section $r | grep -Eq "allreduce.* at [^ ]*$base:$(line FIRST-LINE)" ||
+      fail "rank $r's history lacks the allreduce at $base:$(line FIRST-LINE)"
+  done
+  ls "$MPIML_REPORT_DIR"/report-*.txt > /dev/null 2>&1 || fail "no report file in MPIML_REPORT_DIR"
+}
+case $case in
+  hang)
+    check_report
+    if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then fail "the job exited $rc"; fi
+    grep -q "watchdog: .*waited" "$out" || fail "no watchdog line"
+    # start-up and MPI_Abort on top of the 2 s deadline + 5 s
+    awk -v e="$elapsed" 'BEGIN { exit !(e <= 12) }' || fail "took ${elapsed}s" ;;
+  signal|command)
+    check_report
+    [ "$rc" -eq 0 ] || fail "the job exited $rc"
+    grep -q "hang_child: demand done" "$out" || fail "the job did not go on to its end" ;;
+  mismatch)
+    [ "$rc" -eq 0 ] || fail "the job exited $rc"
+    for r in 0 1 2; do
+      grep -Eq "rank $r caught: .*mismatched collectives.*rank 1 called allreduce\(count=3.* at [^ ]*$base:$(line MISMATCH-ONE).*ranks 0, 2 called allreduce\(count=4.* at [^ ]*$base:$(line MISMATCH-OTHERS)|rank $r caught: .*ranks 0, 2 called allreduce\(count=4.* at [^ ]*$base:$(line MISMATCH-OTHERS).*rank 1 called allreduce\(count=3.* at [^ ]*$base:$(line MISMATCH-ONE)" "$out" ||
+        fail "rank $r's error does not name both call sites"
+    done ;;
+esac
+[ $ok -eq 1 ] && echo PASS && exit 0
+exit 1
