@@ -289,6 +289,9 @@ void launcher_options(LaunchPlan& plan, int n, bool bind_to_core, const LaunchCo
             const LauncherKind linked = linked_kind();
             if (!chosen && linked != LauncherKind::unknown)
                 a.emplace_back(linked == LauncherKind::mpich ? "--mpi=pmi2" : "--mpi=pmix");
+            // As mpirun: a rank that fails ends the step (srun's default waits
+            // for the others, which can wait forever for it).
+            a.emplace_back("--kill-on-bad-exit=1");
             if (bind_to_core) a.emplace_back("--cpu-bind=cores");
             if (!cfg.hostfile.empty())
                 fail(call_name, "MPIML_HOSTFILE does not apply to srun: the allocation gives the hosts");
@@ -381,7 +384,15 @@ int spawn_and_wait(const LaunchPlan& plan, std::vector<std::string> argv, std::v
     std::string line;
     char buf[4096];
     ssize_t k;
+    bool srun_noticed = false;
     auto keep = [&](const std::string& l) {
+        // srun: "srun: error: h2: task 3: Killed", then one line for the tasks
+        // the step ended because of it: the first names the cause.
+        if (l.rfind("srun: error: ", 0) == 0 && l.find(": task") != std::string::npos) {
+            if (!srun_noticed) noticed = l;
+            srun_noticed = true;
+            return;
+        }
         const bool rank_line = l.find("rank") != std::string::npos || l.find("node") != std::string::npos;
         if (rank_line && (l.find("signal") != std::string::npos || l.find("lost") != std::string::npos ||
                           l.find("Killed") != std::string::npos))
