@@ -87,6 +87,7 @@ cmd_up() {
   [[ $k =~ ^[0-9]+$ ]] && [ "$k" -ge 1 ] && [ "$k" -le 200 ] || die "up: K must be 1..200"
   local why; why=$(why_not)
   if [ -n "$why" ]; then echo "cluster.sh: cannot build the cluster: $why" >&2; exit 77; fi
+  [ $slurm = 0 ] || slurm_install
   [ -e "$dir/hosts.list" ] && cmd_down > /dev/null
   trap 'cmd_down > /dev/null 2>&1' ERR
   mkdir -p "$dir/ns"
@@ -165,17 +166,23 @@ slurm_env() {
   export OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0 OMPI_MCA_osc=sm,ucx
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 }
-slurm_up() {
+# Installs the Slurm packages that are missing (exit 77 if it cannot). The
+# daemons this script starts use their own files only.
+slurm_install() {
   local missing=() p
   for p in "${slurm_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2> /dev/null | grep -q "install ok installed" || missing+=("$p")
   done
-  if [ ${#missing[@]} -gt 0 ]; then
-    echo "cluster: installing ${missing[*]}"
-    # the packages' services are not started (policy-rc.d), or stopped at once
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" > "$dir/apt.log" 2>&1 ||
-      { cat "$dir/apt.log" >&2; die "cannot install ${missing[*]}"; }
+  [ ${#missing[@]} -gt 0 ] || return 0
+  echo "cluster: installing ${missing[*]}"
+  local out
+  if ! out=$(DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" 2>&1); then
+    tail -5 <<< "$out" >&2
+    echo "cluster.sh: cannot build the Slurm cluster: cannot install ${missing[*]}" >&2
+    exit 77
   fi
+}
+slurm_up() {
   local s=$dir/slurm h i
   mkdir -p "$s/munge" "$s/ctld"
   chmod 700 "$s/munge"
