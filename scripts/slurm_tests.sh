@@ -218,7 +218,7 @@ t0=$(date +%s.%N)
 cat > "$log/restart_job.sh" << EOF
 #!/bin/bash
 export MPIML_MPIRUN=srun MPIML_INJECT=kill:3:300
-"$build/mpiml-run" --restarts 1 --backoff 0.5 -np 4 "$build/apps/mpiml-ppo" --seed 0 --epochs 4 --steps 800 \
+"$build/mpiml-run" --restarts 1 --backoff 0.5 -np 4 "$build/apps/mpiml-ppo" --seed 0 --epochs 3 --steps 800 \
   --train-pi-iters 40 --train-v-iters 40 --out "$log/restart_out"
 EOF
 jid=$(sl sbatch --parsable -N 2 -n 4 -o "$log/$name.log" "$log/restart_job.sh")
@@ -227,7 +227,7 @@ rc=$?
 cat "$log/$name.wait" >> "$log/$name.log"
 grep -Eq "mpiml-run: attempt 1 of 2 failed with status [0-9]+ \\(rank 3/4 host h2: MPIML_INJECT: kill" "$log/$name.log" &&
   grep -q "^mpiml-ppo: resuming from .* saved by 4 ranks" "$log/$name.log" &&
-  [ "$(awk 'END { print $1 }' "$log/restart_out/progress.txt")" = 3 ] || rc=1
+  [ "$(awk 'END { print $1 }' "$log/restart_out/progress.txt")" = 2 ] || rc=1
 settled >> "$log/$name.log" || rc=1
 result $name $rc "($(secs "$t0") s)"
 
