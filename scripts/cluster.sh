@@ -89,7 +89,8 @@ cmd_up() {
   if [ -n "$why" ]; then echo "cluster.sh: cannot build the cluster: $why" >&2; exit 77; fi
   [ $slurm = 0 ] || slurm_install
   [ -e "$dir/hosts.list" ] && cmd_down > /dev/null
-  trap 'cmd_down > /dev/null 2>&1' ERR
+  # whatever ends this before the end (an error, die, a signal) removes it all
+  trap 'cmd_down > /dev/null 2>&1' EXIT
   mkdir -p "$dir/ns"
   # Persistent namespaces are bind mounts, which need a private mount to live on.
   mount --bind "$dir/ns" "$dir/ns"
@@ -148,7 +149,7 @@ EOF
   printf '#!/bin/sh\nexec "%s" run "$@"\n' "$(cd "$(dirname "$0")" && pwd)/$(basename "$0")" > "$dir/mpirun"
   chmod +x "$dir/mpirun"
   [ $slurm = 0 ] || slurm_up
-  trap - ERR
+  trap - EXIT
   echo "cluster: up, $k hosts ($(hosts | xargs)) on $net.0/24; hostfile $dir/hostfile, agent $dir/agent"
 }
 
