@@ -248,7 +248,9 @@ if [ "${PPO:-1}" = 1 ]; then
   for t in $(seq 600); do ckpt && break; sleep 0.5; done
   ckpt || rc=1
   sl scontrol requeue "$jid" > "$log/$name.log" 2>&1 || rc=1
-  # a requeued job waits about 2 minutes before it may start again: now
+  # a requeued job, once back in the queue, waits about 2 minutes before it
+  # may start again: now
+  for t in $(seq 60); do [ "$(sl squeue -h -j "$jid" -o "%T %r")" = "PENDING BeginTime" ] && break; sleep 0.5; done
   sl scontrol update JobId="$jid" StartTime=now >> "$log/$name.log" 2>&1 || rc=1
   wait_job "$jid" 600 >> "$log/$name.log" || rc=1
   cat "$log/job/ppo-$jid.out" >> "$log/$name.log"
