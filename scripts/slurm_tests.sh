@@ -49,8 +49,7 @@ host_comms() { for h in h1 h2; do ip netns pids mpiml-$h; done | paste -sd, | xa
 # wait_job id limit: waits for a batch job to leave the queue; cancels it
 # after limit seconds (status 1)
 wait_job() {
-  local t
-  for t in $(seq $(($2 * 2))); do
+  for _ in $(seq $(($2 * 2))); do
     [ -z "$(sl squeue -h -j "$1" 2> /dev/null)" ] && return 0
     sleep 0.5
   done
@@ -62,8 +61,8 @@ secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 # After each case: both nodes idle again and nothing but the daemons left on
 # the hosts (waits up to 30 s; a node left down is resumed for the next case).
 settled() {
-  local t st left
-  for t in $(seq 60); do
+  local st left
+  for _ in $(seq 60); do
     st=$(sl sinfo -h -N -o "%N %t" 2> /dev/null | xargs)
     left=$(host_comms | grep -vxE "munged|slurmctld|slurmscriptd|slurmd" | xargs)
     [ "$st" = "h1 idle h2 idle" ] && [ -z "$left" ] && return 0
@@ -198,7 +197,7 @@ name=scancel
 t0=$(date +%s.%N)
 printf '#!/bin/bash\nsrun --mpi=pmix %s loop -1\n' "$fc" > "$log/loop_job.sh"
 jid=$(sl sbatch --parsable -N 2 -n 4 -o "$log/$name.out" "$log/loop_job.sh")
-for t in $(seq 40); do
+for _ in $(seq 40); do
   [ "$(host_comms | grep -cx fault_child)" -eq 4 ] && break
   sleep 0.5
 done
@@ -231,6 +230,19 @@ grep -Eq "mpiml-run: attempt 1 of 2 failed with status [0-9]+ \\(rank 3/4 host h
 settled >> "$log/$name.log" || rc=1
 result $name $rc "($(secs "$t0") s)"
 
+# A rank killed from outside mpiml (no abort record): mpiml-run names the
+# failed attempt by srun's line for the task.
+name=mpiml_run_srun_names_the_task
+t0=$(date +%s.%N)
+printf '#!/bin/bash\nMPIML_MPIRUN=srun %s --restarts 1 --backoff 0.5 -np 4 %s sigkill 3\n' "$build/mpiml-run" "$fc" > "$log/killed_job.sh"
+jid=$(sl sbatch --parsable -N 2 -n 4 -o "$log/$name.log" "$log/killed_job.sh")
+wait_job "$jid" 120 > "$log/$name.wait"
+rc=$?
+cat "$log/$name.wait" >> "$log/$name.log"
+grep -Eq "mpiml-run: attempt 1 of 2 failed with status [0-9]+ \(srun: error: h2: task 3: Killed\); restarting" "$log/$name.log" || rc=1
+settled >> "$log/$name.log" || rc=1
+result $name $rc "($(secs "$t0") s)"
+
 # The job script of docs/CLUSTER.md: sbatch, requeued (scontrol requeue) once
 # it has checkpointed epoch 2; the second run resumes and reaches the bar
 # (seed 0: in epoch 13, as without the requeue).
@@ -245,12 +257,12 @@ if [ "${PPO:-1}" = 1 ]; then
   jid=$(cd "$log/job" && sl sbatch --parsable ppo.sh) || rc=1
   out=$log/job/ppo-$jid
   ckpt() { compgen -G "$out/checkpoints/step-0000000[2-9]" > /dev/null; }  # epoch 2 or later saved
-  for t in $(seq 600); do ckpt && break; sleep 0.5; done
+  for _ in $(seq 600); do ckpt && break; sleep 0.5; done
   ckpt || rc=1
   sl scontrol requeue "$jid" > "$log/$name.log" 2>&1 || rc=1
   # a requeued job, once back in the queue, waits about 2 minutes before it
   # may start again: now
-  for t in $(seq 60); do [ "$(sl squeue -h -j "$jid" -o "%T %r")" = "PENDING BeginTime" ] && break; sleep 0.5; done
+  for _ in $(seq 60); do [ "$(sl squeue -h -j "$jid" -o "%T %r")" = "PENDING BeginTime" ] && break; sleep 0.5; done
   sl scontrol update JobId="$jid" StartTime=now >> "$log/$name.log" 2>&1 || rc=1
   wait_job "$jid" 600 >> "$log/$name.log" || rc=1
   cat "$log/job/ppo-$jid.out" >> "$log/$name.log"
