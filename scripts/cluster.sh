@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # A cluster of K hosts on this machine, for running mpiml across hosts over TCP.
 #
-#   scripts/cluster.sh up [K]             K hosts (default 2): h1..hK
+#   scripts/cluster.sh up [--slurm] [K]   K hosts (default 2): h1..hK; --slurm: with a Slurm
+#                                         cluster on them (munged, slurmctld on h1, slurmd hI)
+#   scripts/cluster.sh slurm CMD...       a command on h1 (the login node) for the Slurm
+#                                         cluster: srun, sbatch, sinfo, scancel...
+#   scripts/cluster.sh slurmd HOST stop|start  stop (kill) or start one host's slurmd
 #   scripts/cluster.sh run [mpirun args]  mpirun on h1 (Open MPI; MPIML_CLUSTER_MPI=mpich: Hydra)
 #   scripts/cluster.sh exec HOST CMD...   a command on one host (launcher settings and
 #                                         MPIML_HOSTFILE set: mpi_fork spans the hosts)
@@ -77,12 +81,16 @@ cmd_down() {
 }
 
 cmd_up() {
+  local slurm=0
+  [ "${1:-}" = --slurm ] && { slurm=1; shift; }
   local k=${1:-2}
   [[ $k =~ ^[0-9]+$ ]] && [ "$k" -ge 1 ] && [ "$k" -le 200 ] || die "up: K must be 1..200"
   local why; why=$(why_not)
   if [ -n "$why" ]; then echo "cluster.sh: cannot build the cluster: $why" >&2; exit 77; fi
+  [ $slurm = 0 ] || slurm_install
   [ -e "$dir/hosts.list" ] && cmd_down > /dev/null
-  trap 'cmd_down > /dev/null 2>&1' ERR
+  # whatever ends this before the end (an error, die, a signal) removes it all
+  trap 'cmd_down > /dev/null 2>&1' EXIT
   mkdir -p "$dir/ns"
   # Persistent namespaces are bind mounts, which need a private mount to live on.
   mount --bind "$dir/ns" "$dir/ns"
@@ -140,8 +148,114 @@ EOF
   # An mpirun for the cluster, for tools that take a launcher path.
   printf '#!/bin/sh\nexec "%s" run "$@"\n' "$(cd "$(dirname "$0")" && pwd)/$(basename "$0")" > "$dir/mpirun"
   chmod +x "$dir/mpirun"
-  trap - ERR
+  [ $slurm = 0 ] || slurm_up
+  trap - EXIT
   echo "cluster: up, $k hosts ($(hosts | xargs)) on $net.0/24; hostfile $dir/hostfile, agent $dir/agent"
+}
+
+# The Slurm cluster (up --slurm): one munged (its own key and socket in
+# $dir/slurm), slurmctld on h1, one slurmd per host started inside the host's
+# namespaces, so that its steps and ranks run there. No cgroups
+# (proctrack/linuxproc, task/none), no accounting; every file is under
+# $dir/slurm. Each slurmd finds its node by its host name (UTS namespace) and
+# listens on its own eth0, so all use the default ports.
+slurm_pkgs=(slurmctld slurmd slurm-client munge slurm-wlm-basic-plugins)
+slurm_env() {
+  export SLURM_CONF=$dir/slurm/slurm.conf
+  # Network settings a site would put in openmpi-mca-params.conf.
+  export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp
+  export OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0 OMPI_MCA_osc=sm,ucx
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+}
+# Installs the Slurm packages that are missing (exit 77 if it cannot). The
+# daemons this script starts use their own files only.
+slurm_install() {
+  local missing=() p
+  for p in "${slurm_pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2> /dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -gt 0 ] || return 0
+  echo "cluster: installing ${missing[*]}"
+  local out
+  if ! out=$(DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" 2>&1); then
+    tail -5 <<< "$out" >&2
+    echo "cluster.sh: cannot build the Slurm cluster: cannot install ${missing[*]}" >&2
+    exit 77
+  fi
+}
+slurm_up() {
+  local s=$dir/slurm h i
+  mkdir -p "$s/munge" "$s/ctld"
+  chmod 700 "$s/munge"
+  head -c 1024 /dev/urandom > "$s/munge/munge.key"
+  chmod 400 "$s/munge/munge.key"
+  local nodes=()
+  for h in $(hosts); do
+    mkdir -p "$s/$h/tmp"
+    nodes+=("NodeName=$h NodeAddr=$net.${h#h} NodeHostname=$h CPUs=2 State=UNKNOWN")
+  done
+  cat > "$s/slurm.conf" << EOF
+ClusterName=mpiml
+SlurmctldHost=h1($net.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$s/munge/munge.socket
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+MpiDefault=none
+ReturnToService=2
+StateSaveLocation=$s/ctld
+SlurmctldPidFile=$s/ctld/slurmctld.pid
+SlurmctldLogFile=$s/ctld/slurmctld.log
+SlurmdSpoolDir=$s/%n
+SlurmdPidFile=$s/%n/slurmd.pid
+SlurmdLogFile=$s/%n/slurmd.log
+# PMIx client directories (spmix_appdir_*) go to TmpFS: one per node (/tmp is shared)
+TmpFS=$s/%n/tmp
+# A node whose slurmd does not answer is DOWN after 10 s (default 300 s);
+# steps get 5 s between SIGTERM and SIGKILL.
+SlurmdTimeout=10
+KillWait=5
+InactiveLimit=0
+MinJobAge=300
+$(printf '%s\n' "${nodes[@]}")
+PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+EOF
+  enter h1 munged --force --socket="$s/munge/munge.socket" --key-file="$s/munge/munge.key" \
+    --pid-file="$s/munge/munged.pid" --log-file="$s/munge/munged.log" --seed-file="$s/munge/munged.seed"
+  SLURM_CONF=$s/slurm.conf enter h1 slurmctld
+  for h in $(hosts); do SLURM_CONF=$s/slurm.conf enter "$h" slurmd; done
+  # every node idle within 30 s
+  local idle=0
+  for i in $(seq 60); do
+    idle=$(SLURM_CONF=$s/slurm.conf enter h1 sinfo -h -N -t idle -o %N 2> /dev/null | sort -u | wc -l)
+    [ "$idle" -eq "$(nhosts)" ] && break
+    sleep 0.5
+  done
+  if [ "$idle" -ne "$(nhosts)" ]; then
+    SLURM_CONF=$s/slurm.conf enter h1 sinfo -N >&2 || true
+    tail -5 "$s"/ctld/slurmctld.log "$s"/h*/slurmd.log >&2 || true
+    die "slurm: $idle of $(nhosts) nodes idle after 30 s"
+  fi
+  echo "cluster: slurm up: slurmctld on h1, slurmd on $(hosts | xargs); SLURM_CONF=$s/slurm.conf"
+}
+
+cmd_slurmd() {  # HOST stop|start
+  local h=$1 pid
+  [ -e "$dir/slurm/slurm.conf" ] || die "slurmd: the Slurm cluster is not up (up --slurm)"
+  case $2 in
+    stop) pid=$(cat "$dir/slurm/$h/slurmd.pid" 2> /dev/null) && kill -9 "$pid" 2> /dev/null || true ;;
+    start) SLURM_CONF=$dir/slurm/slurm.conf enter "$h" slurmd ;;
+    *) die "slurmd HOST stop|start" ;;
+  esac
 }
 
 # Launcher settings, as environment so that programs that re-launch themselves
@@ -198,6 +312,9 @@ case ${1:-} in
   down) cmd_down ;;
   run) shift; cmd_run "$@" ;;
   exec) shift; [ $# -ge 2 ] || die "exec HOST CMD..."; ompi_env; enter "$@" ;;
+  slurm) shift; [ -e "$dir/slurm/slurm.conf" ] || die "slurm: the Slurm cluster is not up (up --slurm)"
+    slurm_env; enter h1 "$@" ;;
+  slurmd) [ $# -eq 3 ] || die "slurmd HOST stop|start"; cmd_slurmd "$2" "$3" ;;
   link) [ $# -eq 3 ] || die "link HOST up|down"; ip -n "$prefix$2" link set eth0 "$3" ;;
   shape) shift; cmd_shape "${1:-}" ;;
   ps) cmd_ps ;;

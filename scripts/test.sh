@@ -98,15 +98,23 @@ else
   echo "ThreadSanitizer build FAILED"; tail -30 "$tsan-configure.log" "$tsan-build.log"; failed=$((failed + 1))
 fi
 
+# A test script's "<what>: P passed, F failed" line; skipped (no root or no ip
+# netns) counts as neither passed nor failed, and says so.
+run_script() {  # what log script args...
+  local what=$1 log=$2 line
+  shift 2
+  "$@" 2>&1 | tee "$log"
+  line=$(grep -E "^$what: [0-9]+ passed, [0-9]+ failed" "$log" | tail -1)
+  if [ -n "$line" ]; then
+    passed=$((passed + $(awk '{print $3}' <<<"$line"))); failed=$((failed + $(awk '{print $5}' <<<"$line")))
+  elif ! grep -q "$what: SKIPPED" "$log"; then
+    failed=$((failed + 1))
+  fi
+}
 stage "many hosts: 2 network-namespace hosts over TCP (scripts/cluster_tests.sh, docs/CLUSTER.md)"
-# Skipped (no root or no ip netns) counts as neither passed nor failed, and says so.
-"$root/scripts/cluster_tests.sh" "$root/build" 2>&1 | tee "$root/build/cluster-tests.log"
-line=$(grep -E "^cluster tests: [0-9]+ passed, [0-9]+ failed" "$root/build/cluster-tests.log" | tail -1)
-if [ -n "$line" ]; then
-  passed=$((passed + $(awk '{print $3}' <<<"$line"))); failed=$((failed + $(awk '{print $5}' <<<"$line")))
-elif ! grep -q "cluster tests: SKIPPED" "$root/build/cluster-tests.log"; then
-  failed=$((failed + 1))
-fi
+run_script "cluster tests" "$root/build/cluster-tests.log" "$root/scripts/cluster_tests.sh" "$root/build"
+stage "Slurm on the namespace hosts: srun, sbatch, faults, requeue (scripts/slurm_tests.sh, docs/CLUSTER.md)"
+run_script "slurm tests" "$root/build/slurm-tests.log" "$root/scripts/slurm_tests.sh" "$root/build"
 
 if [ "${MPIML_LEARNING_CHECK:-1}" = 1 ] && [ -x "$root/scripts/check_learning.sh" ]; then
   stage "PPO learning check"

@@ -188,6 +188,46 @@ def test_mpi_fork_is_a_no_op_for_one_rank_and_in_mpi(tmp_path):
     assert p.returncode == 0 and p.stdout.split() == ["single", "1"], p.stdout + p.stderr
 
 
+def test_mpi_fork_in_a_task_of_a_plain_srun_step_refuses(tmp_path):
+    # srun -n 4 without MPI support: SLURM_STEP_ID set, no PMI variables; each
+    # task would start 4 ranks of its own
+    script = write(tmp_path, "bare.py", """
+        import mpiml.mpi_tools as mt
+        mt.mpi_fork(4)
+        print("forked")
+        """)
+    env = clean_env(SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="4", SLURM_PROCID="2")
+    p = subprocess.run([PY, script], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode != 0 and "forked" not in p.stdout, p.stdout + p.stderr
+    assert "mpi_fork on rank ?: task 2 of 4 of an srun step without MPI support" in p.stderr, p.stderr
+    assert "use srun --mpi=pmix (Open MPI) or --mpi=pmi2 (MPICH)" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("chosen, want", [
+    ({}, ["--mpi=pmix", "--kill-on-bad-exit=1"]),
+    ({"SLURM_MPI_TYPE": "pmix_v4"}, ["--kill-on-bad-exit=1"]),
+    ({"MPIML_MPIRUN_FLAGS": "--mpi=none"}, ["--kill-on-bad-exit=1", "--mpi=none"]),
+])
+def test_mpi_fork_with_srun_picks_the_mpi_plugin(tmp_path, chosen, want):
+    # MPIML_MPIRUN=srun in a batch script: a stand-in srun that answers
+    # --version as Slurm's does; the plan is srun -n 4 with the linked MPI's
+    # plugin (Open MPI: pmix) unless the user chose one
+    srun = tmp_path / "srun"
+    srun.write_text('#!/bin/sh\necho "slurm 22.05.8"\n')
+    srun.chmod(0o755)
+    script = write(tmp_path, "plan.py", """
+        import json, os, mpiml._core as c
+        argv, env = c.plan_fork(4, False)
+        print(json.dumps([os.fsdecode(a) for a in argv]))
+        """)
+    env = clean_env(MPIML_MPIRUN=str(srun), SLURM_JOB_ID="7", **chosen)
+    p = subprocess.run([PY, script], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    argv = json.loads(p.stdout)
+    assert argv[:3] == [str(srun), "-n", "4"] and argv[3:3 + len(want)] == want, argv
+    assert argv[3 + len(want)] in (PY, os.path.realpath(PY)), argv
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_grad_averagers_alive_at_exit(tmp_path, n):
     """GradAverager objects (collective to destroy, shared-memory buckets)

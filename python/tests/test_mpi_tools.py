@@ -11,6 +11,8 @@ import seed_ref as seed
 from mpiml import mpi_tools as mt
 
 RANK, SIZE = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+# ranks on more than one host (a cluster, e.g. under srun)
+SEVERAL_NODES = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED).Get_size() != SIZE
 
 
 def test_rank_and_size_as_seed():
@@ -87,8 +89,8 @@ def test_uneven_lengths_across_ranks_fail_on_check_not_hang():
 
 
 @pytest.mark.skipif(
-    os.environ.get("MPIML_SHM") == "off" or "MPIML_NODE_SPLIT" in os.environ,
-    reason="the shared-memory path is off or spans simulated nodes (4 KB stays with MPI)")
+    os.environ.get("MPIML_SHM") == "off" or "MPIML_NODE_SPLIT" in os.environ or SEVERAL_NODES,
+    reason="the shared-memory path is off or spans nodes (4 KB stays with MPI)")
 def test_uneven_lengths_on_the_shared_memory_path_fail_on_every_rank():
     # default settings, one node: the shared-memory path compares every rank's
     # count after its first barrier, without MPIML_CHECK; every rank raises

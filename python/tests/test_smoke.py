@@ -5,8 +5,10 @@ import mpiml._core as core
 
 
 def test_rank_and_size_match_the_launcher():
-    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("PMI_SIZE", "1")))
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
+    # mpirun, Hydra, or srun (which sets SLURM_NTASKS and SLURM_PROCID)
+    env = os.environ.get
+    size = int(env("OMPI_COMM_WORLD_SIZE", env("PMI_SIZE", env("SLURM_NTASKS", "1"))))
+    rank = int(env("OMPI_COMM_WORLD_RANK", env("PMI_RANK", env("SLURM_PROCID", "0"))))
     assert core.num_procs() == size
     assert core.proc_id() == rank
 

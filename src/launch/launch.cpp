@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <chrono>
@@ -277,12 +278,25 @@ void launcher_options(LaunchPlan& plan, int n, bool bind_to_core, const LaunchCo
             a.insert(a.end(), {"-n", std::to_string(n)});
             if (bind_to_core) a.insert(a.end(), {"-bind-to", "core"});
             break;
-        case LauncherKind::slurm:  // srun inside an allocation (MPIML_MPIRUN=srun)
+        case LauncherKind::slurm: {  // srun inside an allocation (MPIML_MPIRUN=srun)
             a.insert(a.end(), {"-n", std::to_string(n)});
+            // The PMI the linked MPI reads, unless SLURM_MPI_TYPE or
+            // MPIML_MPIRUN_FLAGS choose one: srun's default is often none, and
+            // each rank would then start alone.
+            const bool chosen = std::getenv("SLURM_MPI_TYPE") != nullptr ||
+                                std::any_of(cfg.extra_flags.begin(), cfg.extra_flags.end(),
+                                            [](const std::string& f) { return f.rfind("--mpi", 0) == 0; });
+            const LauncherKind linked = linked_kind();
+            if (!chosen && linked != LauncherKind::unknown)
+                a.emplace_back(linked == LauncherKind::mpich ? "--mpi=pmi2" : "--mpi=pmix");
+            // As mpirun: a rank that fails ends the step (srun's default waits
+            // for the others, which can wait forever for it).
+            a.emplace_back("--kill-on-bad-exit=1");
             if (bind_to_core) a.emplace_back("--cpu-bind=cores");
             if (!cfg.hostfile.empty())
                 fail(call_name, "MPIML_HOSTFILE does not apply to srun: the allocation gives the hosts");
             break;
+        }
         case LauncherKind::unknown:
             a.insert(a.end(), {"-np", std::to_string(n)});
             break;
@@ -293,11 +307,31 @@ void launcher_options(LaunchPlan& plan, int n, bool bind_to_core, const LaunchCo
     a.insert(a.end(), cfg.extra_flags.begin(), cfg.extra_flags.end());
 }
 
+std::string initial_value(const char* name) {
+    for (const auto& e : initial_env)
+        if (env_name(e) == name) return e.substr(e.find('=') + 1);
+    return "";
+}
+
+// A task of a several-task srun step without MPI support (srun --mpi=none):
+// nothing tells it from a program run by hand, yet every task would start its
+// own n ranks, with a launcher that waits for the CPUs the step holds.
+void refuse_bare_srun_task(int n) {
+    const std::string tasks = initial_value("SLURM_STEP_NUM_TASKS");
+    if (initial_value("SLURM_STEP_ID").empty() || std::atoi(tasks.c_str()) <= 1) return;
+    fail(call_name, "task " + initial_value("SLURM_PROCID") + " of " + tasks +
+                        " of an srun step without MPI support (no PMI or PMIx variables) would start " +
+                        std::to_string(n) +
+                        " ranks of its own: use srun --mpi=pmix (Open MPI) or --mpi=pmi2 (MPICH) "
+                        "and leave n at 1, or start the program once, outside srun, in the allocation");
+}
+
 }  // namespace
 
 LaunchPlan plan_program(int n, bool bind_to_core, const std::vector<std::string>& program) {
     if (n < 1) fail(call_name, "n must be at least 1, got " + std::to_string(n));
     if (program.empty()) fail(call_name, "no program to launch");
+    refuse_bare_srun_task(n);
     const LaunchConfig cfg = read_launch_config(call_name);
     LaunchPlan plan;
     plan.env = forked_env();
@@ -350,7 +384,15 @@ int spawn_and_wait(const LaunchPlan& plan, std::vector<std::string> argv, std::v
     std::string line;
     char buf[4096];
     ssize_t k;
+    bool srun_noticed = false;
     auto keep = [&](const std::string& l) {
+        // srun: "srun: error: h2: task 3: Killed", then one line for the tasks
+        // the step ended because of it: the first names the cause.
+        if (l.rfind("srun: error: ", 0) == 0 && l.find(": task") != std::string::npos) {
+            if (!srun_noticed) noticed = l;
+            srun_noticed = true;
+            return;
+        }
         const bool rank_line = l.find("rank") != std::string::npos || l.find("node") != std::string::npos;
         if (rank_line && (l.find("signal") != std::string::npos || l.find("lost") != std::string::npos ||
                           l.find("Killed") != std::string::npos))
