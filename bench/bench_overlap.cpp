@@ -63,7 +63,9 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    mpiml::Session session(argc, argv, {.thread_level = MPI_THREAD_SERIALIZED});
+    mpiml::SessionOptions so;
+    so.thread_level = MPI_THREAD_SERIALIZED;  // overlap's communication thread
+    mpiml::Session session(argc, argv, so);
     const int layers = static_cast<int>(arg(argc, argv, "--layers", 8));
     const int width = static_cast<int>(arg(argc, argv, "--width", 2048));
     const int batch = static_cast<int>(arg(argc, argv, "--batch", 64));

@@ -6,7 +6,9 @@
 
 int main(int argc, char** argv) {
 #ifdef MPIML_TEST_THREAD_LEVEL
-    mpiml::Session session(argc, argv, {.thread_level = MPIML_TEST_THREAD_LEVEL});
+    mpiml::SessionOptions opts;
+    opts.thread_level = MPIML_TEST_THREAD_LEVEL;
+    mpiml::Session session(argc, argv, opts);
 #else
     mpiml::Session session(argc, argv);
 #endif
