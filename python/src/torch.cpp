@@ -4,7 +4,7 @@
 
 #include <torch/extension.h>
 
-#include <optional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -130,10 +130,12 @@ PYBIND11_MODULE(_torch, m) {
     // `with avg.no_sync():` holds a GradAverager::NoSync for the block.
     struct NoSyncContext {
         mpiml::GradAverager* avg;
-        std::optional<mpiml::GradAverager::NoSync> guard;
+        std::unique_ptr<mpiml::GradAverager::NoSync> guard;
     };
     py::class_<NoSyncContext>(m, "_NoSync")
-        .def("__enter__", [](NoSyncContext& c) { c.guard.emplace(*c.avg); })
+        .def("__enter__", [](NoSyncContext& c) {
+            c.guard = std::make_unique<mpiml::GradAverager::NoSync>(*c.avg);
+        })
         .def("__exit__", [](NoSyncContext& c, py::args) {
             c.guard.reset();
             return false;
