@@ -6,14 +6,17 @@
 #
 #   scripts/bench_overlap.sh [build dir]   (default build; writes build/bench-overlap/)
 #
-# ARGS: the model and run (default "--layers 8 --width 2048 --batch 64 --steps 10").
+# ARGS: the model and run (default "--layers 4 --width 2048 --batch 112 --steps 6":
+# 64 MiB of gradients, backward about as long as their averaging across hosts).
+# MPIFLAGS: extra mpirun flags for every run (e.g. "--mca mpi_yield_when_idle 1").
 # MPIML_CLUSTER_DIR / MPIML_CLUSTER_PREFIX: a cluster of its own next to another.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
 cl=$root/scripts/cluster.sh
 shape=${SHAPE:-tbf rate 1gbit burst 256kb latency 20ms}
-args=${ARGS:---layers 8 --width 2048 --batch 64 --steps 10}
+args=${ARGS:---layers 4 --width 2048 --batch 112 --steps 6}
+mpiflags=${MPIFLAGS:-}
 pyargs=$(echo "$args" | sed -E 's/--([a-z]+) ([0-9]+)/--\1=\2/g')
 py=/usr/bin/python3
 export PYTHONPATH=$build/install/lib/python3.11/dist-packages
@@ -24,9 +27,9 @@ mkdir -p "$out"
   echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "## one host, 2 ranks"
   # shellcheck disable=SC2086
-  mpirun -np 2 --bind-to none "$build/bench/bench_overlap" $args
+  mpirun -np 2 --bind-to none $mpiflags "$build/bench/bench_overlap" $args
   # shellcheck disable=SC2086
-  mpirun -np 2 --bind-to none -x PYTHONPATH $py "$root/bench/bench_overlap.py" $pyargs
+  mpirun -np 2 --bind-to none $mpiflags -x PYTHONPATH $py "$root/bench/bench_overlap.py" $pyargs
 } 2>&1 | tee "$out/one-host.txt"
 "$cl" up 2
 trap '"$cl" down > /dev/null 2>&1' EXIT INT TERM
@@ -34,8 +37,8 @@ trap '"$cl" down > /dev/null 2>&1' EXIT INT TERM
 {
   echo "## 2 hosts x 1 rank; qdisc on each host's eth0: $shape"
   # shellcheck disable=SC2086
-  "$cl" run -np 2 --host h1:1,h2:1 --bind-to none "$build/bench/bench_overlap" $args
+  "$cl" run -np 2 --host h1:1,h2:1 --bind-to none $mpiflags "$build/bench/bench_overlap" $args
   # shellcheck disable=SC2086
-  "$cl" run -np 2 --host h1:1,h2:1 --bind-to none -x PYTHONPATH -x GLOO_SOCKET_IFNAME=eth0 \
+  "$cl" run -np 2 --host h1:1,h2:1 --bind-to none $mpiflags -x PYTHONPATH -x GLOO_SOCKET_IFNAME=eth0 \
     $py "$root/bench/bench_overlap.py" $pyargs
 } 2>&1 | tee "$out/two-hosts.txt"

@@ -274,30 +274,35 @@ constexpr std::size_t kFirstBucketBytes = std::size_t{1} << 20;
 
 /// The overlap plan (entries already in reverse parameter order, the order in
 /// which backward() finishes them): fused buckets only, one open bucket per
-/// wire, a wire's first bucket at most kFirstBucketBytes, then the cap. Buckets
-/// are numbered in the order they open, i.e. of their first entry. Returns the
-/// scratch bytes needed.
+/// wire, closed once it holds at least its limit (DDP's rule: a layer's bias
+/// and weight, adjacent in that order, end up together): a wire's first
+/// bucket kFirstBucketBytes, the others the cap. Buckets are numbered in the
+/// order they open, i.e. of their first entry. Returns the scratch bytes needed.
 std::size_t plan_overlap_buckets(GradState& st, std::size_t cap) {
     st.buckets.clear();
     st.direct.clear();
-    struct Open {
+    struct OpenBucket {
         MPI_Datatype mpi;
-        std::size_t bucket;
-        std::size_t limit;  // bytes
+        std::size_t open;   // the bucket being filled of this wire, SIZE_MAX: none
+        std::size_t limit;  // its bytes
     };
-    std::vector<Open> open;
+    std::vector<OpenBucket> wires;
     for (GradEntry& e : st.entries) {
-        auto it = std::find_if(open.begin(), open.end(), [&](const Open& o) { return o.mpi == e.wire.mpi; });
-        const std::size_t es = e.wire.size;
-        if (it == open.end() || (st.buckets[it->bucket].payload + e.numel) * es > it->limit) {
-            const std::size_t limit = it == open.end() ? std::min(cap, kFirstBucketBytes) : cap;
-            if (it == open.end()) it = open.insert(open.end(), {e.wire.mpi, 0, 0});
-            *it = {e.wire.mpi, st.buckets.size(), limit};
+        auto it = std::find_if(wires.begin(), wires.end(), [&](const OpenBucket& w) { return w.mpi == e.wire.mpi; });
+        if (it == wires.end())
+            it = wires.insert(wires.end(), {e.wire.mpi, SIZE_MAX, std::min(cap, kFirstBucketBytes)});
+        if (it->open == SIZE_MAX) {
+            it->open = st.buckets.size();
             st.buckets.push_back({e.wire, false});
         }
-        e.bucket = it->bucket;
-        st.buckets[it->bucket].entries += 1;
-        st.buckets[it->bucket].payload += e.numel;
+        Bucket& b = st.buckets[it->open];
+        e.bucket = it->open;
+        b.entries += 1;
+        b.payload += e.numel;
+        if (b.payload * e.wire.size >= it->limit) {
+            it->open = SIZE_MAX;
+            it->limit = cap;
+        }
     }
     order_entries(st);
     std::size_t largest = 0;

@@ -390,6 +390,16 @@ TEST(TorchAvgGrads, LocalBadGradientThrowsOnlyThereWithoutHang) {
     mpiml::barrier();
 }
 
+TEST(TorchAvgGrads, OverlapNeedsSerializedThreads) {
+    // This program starts MPI at the Session default, MPI_THREAD_FUNNELED.
+    if (size() == 1) GTEST_SKIP() << "one rank: no communication thread";
+    torch::nn::Linear m(3, 3);
+    mpiml::AvgGradsOptions o;
+    o.overlap = true;
+    expect_error([&] { mpiml::GradAverager avg(m, o); },
+                 {"mpiml::GradAverager", "MPI_THREAD_SERIALIZED", "MPI_THREAD_FUNNELED"});
+}
+
 TEST(TorchAvgGrads, MismatchIsCaughtWhenChecksAreOn) {
     if (size() == 1) GTEST_SKIP() << "needs 2+ ranks";
     const bool was = mpiml::check_enabled();

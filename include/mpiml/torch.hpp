@@ -68,8 +68,9 @@ struct AvgGradsOptions {
     /// are rebuilt (collectively) when the parameter list changes.
     bool gradient_as_bucket_view = false;
     /// GradAverager only: average while backward() still runs. Buckets are
-    /// planned in reverse parameter order (the first at most 1 MiB, then
-    /// bucket_cap_bytes) and each is averaged on a communication thread as
+    /// planned in reverse parameter order, each closed once it holds 1 MiB
+    /// (the first) or bucket_cap_bytes (as DDP), and each is averaged on a
+    /// communication thread as
     /// soon as every gradient in it is final (a post-hook on each
     /// parameter's gradient accumulator); the call after backward() averages
     /// what is left (parameters that got no gradient: zeros) and waits.
