@@ -7,6 +7,8 @@
 #include <mpiml/mpiml.hpp>
 #include <mpiml/torch.hpp>
 
+#include "expect_error.hpp"
+
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/linear.h>
@@ -149,19 +151,7 @@ TEST(TorchOverlap, EqualsOneProcessBucketPerTensor) { train(64, 1); }
 TEST(TorchOverlap, EqualsOneProcessSmallBuckets) { train(1024, 1); }
 TEST(TorchOverlap, GradientAccumulationUnderNoSync) { train(1024, 2); }
 
-/// Expects fn to throw mpiml::Error whose message contains every needle.
-template <class F>
-void expect_error(F&& fn, const std::vector<std::string>& needles) {
-    try {
-        fn();
-        ADD_FAILURE() << "no mpiml::Error thrown";
-    } catch (const mpiml::Error& e) {
-        const std::string what = e.what();
-        if (rank() == 0) std::printf("  mpiml::Error: %s\n", what.c_str());
-        for (const auto& s : needles)
-            EXPECT_NE(what.find(s), std::string::npos) << "'" << s << "' not in: " << what;
-    }
-}
+using mpiml_test::expect_error;
 
 TEST(TorchOverlap, LocalBadGradientThrowsThereAtTheCall) {
     Net net = make_net();
