@@ -5,6 +5,8 @@
 // when the shared path applies) and reduced with one allreduce per bucket; contiguous CPU tensors are packed with plain loops,
 // anything else (strides, other devices, sparse) through ATen copies.
 // float16 and bfloat16 travel and are summed as float32, then converted back.
+// GradAverager's overlap plans the buckets in reverse parameter order and runs
+// them on a communication thread as backward() finishes them (class Overlap).
 #include "torch/common.hpp"
 
 #include "core/state.hpp"
