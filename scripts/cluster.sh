@@ -24,10 +24,11 @@
 # Open MPI starts its daemons on the hosts through the rsh agent
 # $MPIML_CLUSTER_DIR/agent (plm_rsh_agent); ranks on different hosts talk over
 # TCP only (btl self,vader,tcp on eth0), ranks of one host over shared memory.
-# Needs root, ip netns, nsenter and unshare.
+# MPIML_CLUSTER_DIR and MPIML_CLUSTER_PREFIX (default mpiml-) set apart a second
+# cluster next to a running one. Needs root, ip netns, nsenter and unshare.
 set -euo pipefail
 dir=${MPIML_CLUSTER_DIR:-/run/mpiml-cluster}
-prefix=mpiml-
+prefix=${MPIML_CLUSTER_PREFIX:-mpiml-}
 sw=${prefix}sw
 net=198.18.0
 

@@ -5,7 +5,13 @@
 #include <gtest/gtest.h>
 
 int main(int argc, char** argv) {
+#ifdef MPIML_TEST_THREAD_LEVEL
+    mpiml::SessionOptions opts;
+    opts.thread_level = MPIML_TEST_THREAD_LEVEL;
+    mpiml::Session session(argc, argv, opts);
+#else
     mpiml::Session session(argc, argv);
+#endif
     if (session.rank() != 0) GTEST_FLAG_SET(brief, true);
     ::testing::InitGoogleTest(&argc, argv);
     int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;

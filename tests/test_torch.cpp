@@ -3,6 +3,8 @@
 #include <mpiml/mpiml.hpp>
 #include <mpiml/torch.hpp>
 
+#include "expect_error.hpp"
+
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
@@ -50,19 +52,7 @@ double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch
     return m;
 }
 
-/// Expects `fn` to throw mpiml::Error whose message contains every needle.
-template <class F>
-void expect_error(F&& fn, const std::vector<std::string>& needles) {
-    try {
-        fn();
-        ADD_FAILURE() << "no mpiml::Error thrown";
-    } catch (const mpiml::Error& e) {
-        const std::string what = e.what();
-        if (rank() == 0) std::printf("  mpiml::Error: %s\n", what.c_str());
-        for (const auto& n : needles)
-            EXPECT_NE(what.find(n), std::string::npos) << "'" << n << "' not in: " << what;
-    }
-}
+using mpiml_test::expect_error;
 
 // ------------------------------------------------ the key equivalence test
 
@@ -388,6 +378,16 @@ TEST(TorchAvgGrads, LocalBadGradientThrowsOnlyThereWithoutHang) {
     else
         EXPECT_NO_THROW(mpiml::mpi_avg_grads(std::vector<torch::Tensor>{p}));
     mpiml::barrier();
+}
+
+TEST(TorchAvgGrads, OverlapNeedsSerializedThreads) {
+    // This program starts MPI at the Session default, MPI_THREAD_FUNNELED.
+    if (size() == 1) GTEST_SKIP() << "one rank: no communication thread";
+    torch::nn::Linear m(3, 3);
+    mpiml::AvgGradsOptions o;
+    o.overlap = true;
+    expect_error([&] { mpiml::GradAverager avg(m, o); },
+                 {"mpiml::GradAverager", "MPI_THREAD_SERIALIZED", "MPI_THREAD_FUNNELED"});
 }
 
 TEST(TorchAvgGrads, MismatchIsCaughtWhenChecksAreOn) {

@@ -67,6 +67,19 @@ struct AvgGradsOptions {
     /// becomes a view again. Other parameters take the packed path. Buckets
     /// are rebuilt (collectively) when the parameter list changes.
     bool gradient_as_bucket_view = false;
+    /// GradAverager only: average while backward() still runs. Buckets are
+    /// planned in reverse parameter order, each closed once it holds 1 MiB
+    /// (the first) or bucket_cap_bytes (as DDP), and each is averaged on a
+    /// communication thread as
+    /// soon as every gradient in it is final (a post-hook on each
+    /// parameter's gradient accumulator); the call after backward() averages
+    /// what is left (parameters that got no gradient: zeros) and waits.
+    /// Results are bit-identical to the averaging without overlap wherever
+    /// the reduction order is fixed (mpiml's shared-memory path, or 2 ranks).
+    /// Needs MPI_THREAD_SERIALIZED or higher; from a parameter's first
+    /// gradient to the end of the call, only the communication thread may
+    /// call MPI. Not with gradient_as_bucket_view.
+    bool overlap = false;
 };
 
 /// Averages every parameter's gradient across ranks, in place, with one
@@ -130,8 +143,29 @@ public:
     GradAverager(const GradAverager&) = delete;
     GradAverager& operator=(const GradAverager&) = delete;
 
-    /// Averages the gradients of the captured parameters across comm.
+    /// Averages the gradients of the captured parameters across comm. With
+    /// overlap: finishes the averaging backward() started, then rethrows the
+    /// first failure of the communication thread (naming the rank), or a
+    /// parameter whose gradient was accumulated again after it was averaged.
     void operator()();
+
+    /// While it lives, backward() passes only accumulate gradients (as DDP's
+    /// no_sync): with overlap, nothing is averaged until the first
+    /// backward() after it ends, and the call after that averages the sum.
+    /// Without overlap, nothing changes (averaging happens at the call).
+    class NoSync {
+    public:
+        explicit NoSync(GradAverager& avg);
+        ~NoSync();
+        NoSync(const NoSync&) = delete;
+        NoSync& operator=(const NoSync&) = delete;
+
+    private:
+        detail::GradAveragerImpl* impl_;
+        bool was_;
+    };
+    [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+
     /// Parameters whose gradients are averaged.
     std::size_t size() const;
 

@@ -33,6 +33,8 @@ __all__ = ["setup_pytorch_for_mpi", "mpi_avg_grads", "GradAverager", "sync_param
 # mpi_avg_grads for one model with its plan held (C++ mpiml::GradAverager):
 #   avg = GradAverager(ac.pi, gradient_as_bucket_view=True)
 #   ... loss.backward(); avg(); optimizer.step()
+# overlap=True averages buckets while backward() runs (worth it when the
+# averaging crosses hosts); `with avg.no_sync(): loss.backward()` accumulates.
 # Parameters are taken at construction; construction, each call and
 # destruction are collective (create and drop it at the same point on every
 # rank, or keep it for the whole run).

@@ -4,6 +4,7 @@
 
 #include <torch/extension.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -126,27 +127,51 @@ PYBIND11_MODULE(_torch, m) {
         mpiml::mpi_avg_grads(ts, o, c);
     }, py::arg("module"), py::arg("comm") = py::none(), py::arg("bucket_cap_mb") = 25.0,
        py::arg("gradient_as_bucket_view") = false);
+    // `with avg.no_sync():` holds a GradAverager::NoSync for the block.
+    struct NoSyncContext {
+        mpiml::GradAverager* avg;
+        std::unique_ptr<mpiml::GradAverager::NoSync> guard;
+    };
+    py::class_<NoSyncContext>(m, "_NoSync")
+        .def("__enter__", [](NoSyncContext& c) {
+            c.guard = std::make_unique<mpiml::GradAverager::NoSync>(*c.avg);
+        })
+        .def("__exit__", [](NoSyncContext& c, py::args) {
+            c.guard.reset();
+            return false;
+        });
     py::class_<mpiml::GradAverager>(m, "GradAverager",
-        "GradAverager(module, comm=None, gradient_as_bucket_view=False, bucket_cap_mb=25)\n\n"
+        "GradAverager(module, comm=None, gradient_as_bucket_view=False, bucket_cap_mb=25,\n"
+        "             overlap=False)\n\n"
         "mpi_avg_grads for one model, holding its plan: the parameters (taken once, here),\n"
         "buckets and shared memory. avg() averages their gradients across ranks, as\n"
         "mpi_avg_grads(module, ...) does, without re-collecting the parameters or checking\n"
-        "the plan each call. Construction, each call and destruction are collective over comm.")
-        .def(py::init([](py::handle module, py::handle comm, bool as_view, double cap_mb) {
+        "the plan each call. Construction, each call and destruction are collective over comm.\n"
+        "overlap=True: buckets are averaged on a communication thread while backward() runs\n"
+        "(reverse parameter order, as DDP); avg() finishes them. Accumulate several\n"
+        "backward() passes under `with avg.no_sync():`.")
+        .def(py::init([](py::handle module, py::handle comm, bool as_view, double cap_mb,
+                         bool overlap) {
                  const mpiml::Comm c = to_comm(comm);
                  mpiml::AvgGradsOptions o;
                  o.bucket_cap_bytes = cap_bytes(cap_mb, "mpiml::GradAverager");
                  auto ts = tensors_of(module, true, false, "mpiml::GradAverager");
                  o.gradient_as_bucket_view = as_view;
+                 o.overlap = overlap;
                  py::gil_scoped_release nogil;
                  return std::make_unique<mpiml::GradAverager>(ts, o, c);
              }),
              py::arg("module"), py::arg("comm") = py::none(),
-             py::arg("gradient_as_bucket_view") = false, py::arg("bucket_cap_mb") = 25.0)
+             py::arg("gradient_as_bucket_view") = false, py::arg("bucket_cap_mb") = 25.0,
+             py::arg("overlap") = false)
         .def("__call__", [](mpiml::GradAverager& a) {
             py::gil_scoped_release nogil;
             a();
         }, "Averages the gradients across ranks, in place (collective).")
+        .def("no_sync", [](mpiml::GradAverager& a) { return NoSyncContext{&a, {}}; },
+             py::keep_alive<0, 1>(),
+             "Context manager: backward() passes inside only accumulate gradients; the\n"
+             "call after the next backward() outside averages their sum.")
         .def("__len__", &mpiml::GradAverager::size, "Parameters whose gradients are averaged.");
     m.def("sync_params", [](py::handle module, int root, py::handle comm) {
         const mpiml::Comm c = to_comm(comm);

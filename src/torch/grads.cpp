@@ -5,6 +5,8 @@
 // when the shared path applies) and reduced with one allreduce per bucket; contiguous CPU tensors are packed with plain loops,
 // anything else (strides, other devices, sparse) through ATen copies.
 // float16 and bfloat16 travel and are summed as float32, then converted back.
+// GradAverager's overlap plans the buckets in reverse parameter order and runs
+// them on a communication thread as backward() finishes them (class Overlap).
 #include "torch/common.hpp"
 
 #include "core/state.hpp"
@@ -12,13 +14,20 @@
 #include <mpiml/error.hpp>
 #include <mpiml/shm.hpp>
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+
 #include <algorithm>
 #include <array>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <tuple>
 #include <unordered_set>
+#include <utility>
 
 namespace mpiml {
 using namespace torch_detail;
@@ -199,6 +208,23 @@ void unpack_grad(const GradEntry& e, void* src, int ranks) {
         g = v.to(g.options().layout(at::kStrided), /*non_blocking=*/false, /*copy=*/true);
 }
 
+/// Entry order per bucket (a counting sort keeps the entries' order); one flag
+/// per entry of a fused bucket.
+void order_entries(GradState& st) {
+    st.fill.assign(st.buckets.size(), 0);
+    std::size_t pos = 0;
+    for (Bucket& b : st.buckets) {
+        b.first = pos;
+        pos += b.entries;
+        b.flags = b.direct ? 0 : b.entries;
+    }
+    st.order.resize(st.entries.size());
+    for (std::size_t j = 0; j < st.entries.size(); ++j) {
+        const std::size_t bi = st.entries[j].bucket;
+        st.order[st.buckets[bi].first + st.fill[bi]++] = j;
+    }
+}
+
 /// Fixed plan, the same on every rank (it depends only on dtypes, sizes and
 /// options): wires in order of first appearance, parameter order within; a
 /// gradient larger than the cap whose dtype travels as is gets a direct
@@ -233,19 +259,7 @@ std::size_t plan_buckets(GradState& st, const AvgGradsOptions& opts) {
             st.buckets[open].payload += e.numel;
         }
     }
-    // Entry order per bucket (counting sort keeps parameter order).
-    st.fill.assign(st.buckets.size(), 0);
-    std::size_t pos = 0;
-    for (Bucket& b : st.buckets) {
-        b.first = pos;
-        pos += b.entries;
-        b.flags = b.direct ? 0 : b.entries;
-    }
-    st.order.resize(st.entries.size());
-    for (std::size_t j = 0; j < st.entries.size(); ++j) {
-        const std::size_t bi = st.entries[j].bucket;
-        st.order[st.buckets[bi].first + st.fill[bi]++] = j;
-    }
+    order_entries(st);
     for (auto it = st.buckets.rbegin(); it != st.buckets.rend(); ++it)
         if (!it->direct) {
             it->flags += st.direct.size();  // the carrier of the direct flags
@@ -254,6 +268,47 @@ std::size_t plan_buckets(GradState& st, const AvgGradsOptions& opts) {
     std::size_t largest = st.direct.size() * sizeof(float);
     for (const Bucket& b : st.buckets)
         largest = std::max(largest, (b.payload + b.flags) * b.wire.size);
+    return largest;
+}
+
+/// DDP's first bucket: small, so that averaging starts early in backward().
+constexpr std::size_t kFirstBucketBytes = std::size_t{1} << 20;
+
+/// The overlap plan (entries already in reverse parameter order, the order in
+/// which backward() finishes them): fused buckets only, one open bucket per
+/// wire, closed once it holds at least its limit (DDP's rule: a layer's bias
+/// and weight, adjacent in that order, end up together): a wire's first
+/// bucket kFirstBucketBytes, the others the cap. Buckets are numbered in the
+/// order they open, i.e. of their first entry. Returns the scratch bytes needed.
+std::size_t plan_overlap_buckets(GradState& st, std::size_t cap) {
+    st.buckets.clear();
+    st.direct.clear();
+    struct OpenBucket {
+        MPI_Datatype mpi;
+        std::size_t open;   // the bucket being filled of this wire, SIZE_MAX: none
+        std::size_t limit;  // its bytes
+    };
+    std::vector<OpenBucket> wires;
+    for (GradEntry& e : st.entries) {
+        auto it = std::find_if(wires.begin(), wires.end(), [&](const OpenBucket& w) { return w.mpi == e.wire.mpi; });
+        if (it == wires.end())
+            it = wires.insert(wires.end(), {e.wire.mpi, SIZE_MAX, std::min(cap, kFirstBucketBytes)});
+        if (it->open == SIZE_MAX) {
+            it->open = st.buckets.size();
+            st.buckets.push_back({e.wire, false});
+        }
+        Bucket& b = st.buckets[it->open];
+        e.bucket = it->open;
+        b.entries += 1;
+        b.payload += e.numel;
+        if (b.payload * e.wire.size >= it->limit) {
+            it->open = SIZE_MAX;
+            it->limit = cap;
+        }
+    }
+    order_entries(st);
+    std::size_t largest = 0;
+    for (const Bucket& b : st.buckets) largest = std::max(largest, (b.payload + b.flags) * b.wire.size);
     return largest;
 }
 
@@ -498,7 +553,12 @@ void plan_packed(GradState& st, const std::vector<Eligible>& ps, const AvgGradsO
                                    " are not supported");
         st.entries.push_back({p.tensor, p.index, *wire, static_cast<std::size_t>(p.tensor.numel())});
     }
-    st.largest = plan_buckets(st, opts);
+    if (opts.overlap) {
+        std::reverse(st.entries.begin(), st.entries.end());
+        st.largest = plan_overlap_buckets(st, opts.bucket_cap_bytes);
+    } else {
+        st.largest = plan_buckets(st, opts);
+    }
     st.largest_fused = 0;
     for (const Bucket& b : st.buckets)
         if (!b.direct) st.largest_fused = std::max(st.largest_fused, (b.payload + b.flags) * b.wire.size);
@@ -700,6 +760,8 @@ void avg_packed_cached(const std::vector<Eligible>& ps, const AvgGradsOptions& o
 void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opts,
                MPI_Comm comm, const std::vector<std::string>* check_descs) {
     constexpr const char* call = "mpiml::mpi_avg_grads";
+    if (opts.overlap)  // alike on every rank
+        detail::fail(call, "overlap needs a GradAverager (it hooks the parameters once, at construction)");
     if (check_descs) verify_same(*check_descs, -1, comm, call);
     const int size = num_procs(comm);
     if (size == 1) return;
@@ -734,6 +796,176 @@ void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opt
     avg_packed_cached(ps, opts, comm, size, call);
 }
 
+// ---------------------------------------------------------------- overlap
+
+constexpr const char* kAveragerCall = "mpiml::GradAverager";
+
+/// GradAverager's averaging while backward() runs. A post-hook on each
+/// parameter's gradient accumulator counts its bucket down; the communication
+/// thread runs the buckets strictly in plan order, so every rank issues the
+/// same collectives in the same order: each bucket once its gradients are
+/// final here or, at the latest, once the call after backward() says no more
+/// are coming (a gradient this rank did not get counts as zeros). While a
+/// step is under way only the communication thread calls MPI.
+class Overlap {
+public:
+    Overlap(GradState& st, MPI_Comm comm, int size) : st_(st), comm_(comm), size_(size) {
+        const std::size_t n = st_.entries.size();
+        fired_.assign(n, 0);
+        reset_pending();
+        for (std::size_t j = 0; j < n; ++j) {
+            std::shared_ptr<torch::autograd::Node> acc;
+            try {
+                acc = torch::autograd::impl::grad_accumulator(st_.entries[j].param);
+            } catch (const std::exception&) {  // not a leaf: no gradient of its own
+            }
+            if (!acc) continue;  // never ready early: averaged at the call
+            const auto key = acc->add_post_hook(std::make_unique<Hook>(this, j));
+            hooks_.push_back({std::move(acc), key});
+        }
+        if (!st_.buckets.empty()) thread_ = std::thread([this] { loop(); });
+    }
+
+    ~Overlap() {
+        for (auto& [acc, key] : hooks_) acc->del_post_hook(key);
+        bool under_way = false;
+        {
+            std::lock_guard lk(m_);
+            under_way = next_ > 0 || std::any_of(fired_.begin(), fired_.end(), [](char f) { return f; });
+        }
+        if (under_way) {  // ends the step as the call would, so no rank is left waiting
+            try {
+                finish(kAveragerCall);
+            } catch (const std::exception&) {
+            }
+        }
+        {
+            std::lock_guard lk(m_);
+            stop_ = true;
+        }
+        wake_.notify_all();
+        if (thread_.joinable()) thread_.join();
+    }
+
+    Overlap(const Overlap&) = delete;
+    Overlap& operator=(const Overlap&) = delete;
+
+    /// The call after backward(): runs the buckets left, waits, starts a new
+    /// step and throws the step's first failure.
+    void finish(const char* call) {
+        std::unique_lock lk(m_);
+        finishing_ = true;
+        wake_.notify_all();
+        done_.wait(lk, [&] { return next_ == st_.buckets.size(); });
+        finishing_ = false;
+        next_ = 0;
+        reset_pending();
+        std::fill(fired_.begin(), fired_.end(), 0);
+        const std::exception_ptr failure = std::exchange(failure_, nullptr);
+        const std::string local = std::exchange(defer_.what, {});
+        const std::size_t again = std::exchange(again_, SIZE_MAX);
+        lk.unlock();
+        if (failure) std::rethrow_exception(failure);
+        if (!local.empty()) detail::fail(call, local);
+        if (again != SIZE_MAX)
+            detail::fail(call, "parameter #" + std::to_string(st_.entries[again].index) +
+                                   " got a gradient twice in one step (two backward() passes "
+                                   "before the call): accumulate under no_sync(), or make "
+                                   "the call after each backward()");
+    }
+
+    /// Returns the previous setting.
+    bool set_sync(bool on) {
+        std::lock_guard lk(m_);
+        return std::exchange(sync_, on);
+    }
+
+private:
+    struct Hook : torch::autograd::FunctionPostHook {
+        Hook(Overlap* o, std::size_t e) : ov(o), entry(e) {}
+        torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                                  const torch::autograd::variable_list&) override {
+            ov->ready(entry);
+            return outputs;
+        }
+        Overlap* ov;
+        std::size_t entry;
+    };
+
+    void reset_pending() {
+        pending_.resize(st_.buckets.size());
+        for (std::size_t b = 0; b < st_.buckets.size(); ++b) pending_[b] = st_.buckets[b].entries;
+    }
+
+    /// A gradient is final (the autograd thread, after accumulating it).
+    void ready(std::size_t entry) {
+        std::lock_guard lk(m_);
+        if (!sync_) return;
+        if (fired_[entry]) {
+            if (again_ == SIZE_MAX) again_ = entry;
+            return;
+        }
+        fired_[entry] = 1;
+        if (--pending_[st_.entries[entry].bucket] == 0) wake_.notify_all();
+    }
+
+    void loop() {
+        torch::NoGradGuard no_grad;
+        std::unique_lock lk(m_);
+        for (;;) {
+            wake_.wait(lk, [&] {
+                return stop_ || (next_ < st_.buckets.size() && (finishing_ || pending_[next_] == 0));
+            });
+            if (stop_) return;
+            const std::size_t b = next_;
+            const bool skip = failure_ != nullptr;  // after a failed collective: none
+            lk.unlock();
+            std::exception_ptr failed;
+            if (!skip) {
+                try {
+                    run(b);
+                } catch (...) {
+                    failed = std::current_exception();
+                }
+            }
+            lk.lock();
+            if (failed) failure_ = failed;
+            if (++next_ == st_.buckets.size()) done_.notify_all();
+        }
+    }
+
+    /// One bucket, as run_packed averages it (so the results are the same).
+    void run(std::size_t b) {
+        if (b == 0) segment_ = fused_segment(st_, comm_);  // every rank starts with bucket 0
+        const Bucket& bk = st_.buckets[b];
+        for (std::size_t k = 0; k < bk.entries; ++k) {
+            GradEntry& e = st_.entries[st_.order[bk.first + k]];
+            e.defined_here = e.param.grad().defined();
+        }
+        std::byte* base = segment_ ? segment_ : static_cast<std::byte*>(st_.scratch.get(st_.largest));
+        run_fused(st_, bk, base, segment_ != nullptr, comm_, size_, kAveragerCall, defer_);
+    }
+
+    GradState& st_;
+    const MPI_Comm comm_;
+    const int size_;
+    std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
+    std::thread thread_;
+    std::byte* segment_ = nullptr;  // the communication thread's
+    Deferred defer_;                // local failures of the step (communication thread)
+    std::mutex m_;                  // guards the members below
+    std::condition_variable wake_;  // the communication thread waits here
+    std::condition_variable done_;  // the call waits here
+    std::vector<std::size_t> pending_;  // per bucket: gradients not yet final
+    std::vector<char> fired_;           // per entry: final in this step
+    std::size_t next_ = 0;              // buckets run in this step
+    bool finishing_ = false;
+    bool sync_ = true;
+    bool stop_ = false;
+    std::size_t again_ = SIZE_MAX;  // an entry that got a gradient twice
+    std::exception_ptr failure_;    // a failed collective
+};
+
 }  // namespace
 
 namespace detail {
@@ -743,6 +975,7 @@ struct GradAveragerImpl {
     std::vector<at::Tensor> view_params;  // gradients kept in shared buckets
     ViewState views;
     GradState packed;
+    std::unique_ptr<Overlap> overlap;  // before packed in destruction: it runs packed's plan
     ~GradAveragerImpl() {
         if (!views.buckets.empty()) release_views(views);
     }
@@ -750,15 +983,28 @@ struct GradAveragerImpl {
 }  // namespace detail
 
 namespace {
-constexpr const char* kAveragerCall = "mpiml::GradAverager";
 
 std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Tensor>& params,
                                                         const AvgGradsOptions& opts, MPI_Comm comm,
                                                         const std::vector<std::string>* descs) {
+    const int size = num_procs(comm);
+    if (opts.overlap) {  // local, alike on every rank: before any collective
+        if (opts.gradient_as_bucket_view)
+            detail::fail(kAveragerCall, "overlap and gradient_as_bucket_view cannot be combined");
+        int provided = MPI_THREAD_SINGLE;
+        MPI_Query_thread(&provided);
+        if (size > 1 && provided < MPI_THREAD_SERIALIZED)
+            detail::fail(kAveragerCall,
+                         "overlap needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE, but MPI "
+                         "provides " + std::string(provided == MPI_THREAD_FUNNELED ? "MPI_THREAD_FUNNELED"
+                                                                                   : "MPI_THREAD_SINGLE") +
+                             ": start MPI with mpiml::Session(argc, argv, {.thread_level = "
+                             "MPI_THREAD_SERIALIZED})");
+    }
     if (descs) verify_same(*descs, -1, comm, kAveragerCall);
     auto impl = std::make_unique<detail::GradAveragerImpl>();
     impl->comm = comm;
-    impl->size = num_procs(comm);
+    impl->size = size;
     std::vector<Eligible> ps;
     eligible_params(params, ps);
     if (opts.gradient_as_bucket_view) {
@@ -774,6 +1020,8 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
         plan_views(impl->views, impl->view_params, opts.bucket_cap_bytes, comm);
         impl->views.signature = view_signature(impl->view_params);
     }
+    if (opts.overlap && impl->size > 1)
+        impl->overlap = std::make_unique<Overlap>(impl->packed, comm, impl->size);
     return impl;
 }
 }  // namespace
@@ -811,6 +1059,7 @@ void GradAverager::operator()() {
     if (!impl_) detail::fail(kAveragerCall, "used after being moved from");
     auto& im = *impl_;
     if (im.size == 1) return;
+    if (im.overlap) return im.overlap->finish(kAveragerCall);
     std::exception_ptr deferred;
     if (!im.views.buckets.empty()) {
         try {
@@ -821,6 +1070,15 @@ void GradAverager::operator()() {
     }
     run_packed(im.packed, im.comm, im.size, kAveragerCall);
     if (deferred) std::rethrow_exception(deferred);
+}
+
+GradAverager::NoSync::NoSync(GradAverager& avg) : impl_(avg.impl_.get()), was_(true) {
+    if (!impl_) detail::fail(kAveragerCall, "no_sync() on an averager moved from");
+    if (impl_->overlap) was_ = impl_->overlap->set_sync(false);
+}
+
+GradAverager::NoSync::~NoSync() {
+    if (impl_->overlap) impl_->overlap->set_sync(was_);
 }
 
 void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts, Comm comm) {

@@ -1,0 +1,99 @@
+"""GradAverager(overlap=True) against GradAverager() and PyTorch DDP (on Gloo
+and on the "mpiml" torch.distributed backend), on the training step of the
+same large MLP as bench_overlap.cpp, from Python.
+
+  mpirun -np 2 /usr/bin/python3 bench/bench_overlap.py [--layers=8] [--width=2048]
+      [--batch=64] [--steps=10] [--threads=1]
+
+Every variant has its own copy of the model and takes the same data; their
+steps (zero_grad, forward, backward, the averager's call, SGD step) alternate
+so all see the same machine load. DDP runs with its defaults (25 MiB buckets,
+overlapped). Rank 0 prints the median over steps of the slowest rank's time.
+"""
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+import common  # noqa: E402
+
+import mpiml.torch  # noqa: E402
+from mpiml import mpi_pytorch as mp  # noqa: E402
+
+
+def mlp(layers, width):
+    torch.manual_seed(3)
+    mods = []
+    for i in range(layers):
+        mods.append(nn.Linear(width, width))
+        if i + 1 < layers:
+            mods.append(nn.ReLU())
+    return nn.Sequential(*mods)
+
+
+def slowest(t):
+    x = torch.tensor([t], dtype=torch.float64)
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return float(x[0])
+
+
+def main():
+    layers, width = int(common.arg("layers", 8)), int(common.arg("width", 2048))
+    batch, steps = int(common.arg("batch", 64)), int(common.arg("steps", 10))
+    torch.set_num_threads(int(common.arg("threads", 1)))
+    mpiml.torch.init_process_group(timeout=datetime.timedelta(seconds=600))
+    rank, n = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+
+    variants = {}  # name: (module to run, call after backward or None)
+    m = mlp(layers, width)
+    variants["compute only"] = (m, None)
+    m = mlp(layers, width)
+    variants["GradAverager"] = (m, mp.GradAverager(m))
+    m = mlp(layers, width)
+    variants["GradAverager overlap"] = (m, mp.GradAverager(m, overlap=True))
+    variants["DDP gloo"] = (DDP(mlp(layers, width), process_group=gloo), None)
+    variants["DDP mpiml"] = (DDP(mlp(layers, width)), None)
+    opts = {k: torch.optim.SGD(v[0].parameters(), lr=1e-3) for k, v in variants.items()}
+    times = {k: [] for k in variants}
+    torch.manual_seed(100 + rank)
+    for step in range(-1, steps):  # -1: warm-up
+        x, y = torch.randn(batch, width), torch.randn(batch, width)
+        for k, (model, avg) in variants.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            opts[k].zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            if avg is not None:
+                avg()
+            opts[k].step()
+            t = slowest(time.perf_counter() - t0)
+            if step >= 0:
+                times[k].append(t)
+    params = sum(p.numel() for p in variants["compute only"][0].parameters())
+    a = [p for p in variants["GradAverager"][0].parameters()]
+    b = [p for p in variants["GradAverager overlap"][0].parameters()]
+    same = all(torch.equal(p, q) for p, q in zip(a, b))
+    if rank == 0:
+        print(f"# bench_overlap.py: {n} ranks, MLP {layers} x ({width} x {width}), "
+              f"{params / 1e6:.1f} M float32, batch {batch}/rank, {steps} steps, "
+              f"{torch.get_num_threads()} intra-op threads, torch {torch.__version__}")
+        med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        for k, v in med.items():
+            print(f"step, {k:<24} {v * 1e3:8.1f} ms")
+        print(f"GradAverager overlap vs without: {med['GradAverager'] / med['GradAverager overlap']:.2f}x; "
+              f"vs DDP gloo: {med['DDP gloo'] / med['GradAverager overlap']:.2f}x; "
+              f"vs DDP mpiml: {med['DDP mpiml'] / med['GradAverager overlap']:.2f}x")
+        print(f"GradAverager with and without overlap bit-identical: {'yes' if same else 'NO'}")
+    del variants
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""GradAverager(overlap=True) from Python: n ranks on 1/n of the batch each
+equal one process on the whole batch, and bit for bit GradAverager without
+overlap, with a parameter no rank uses, one only rank 0 uses, a parameter used
+twice, and gradient accumulation under no_sync()."""
+import copy
+
+import pytest
+import torch
+from mpi4py import MPI
+from torch import nn
+
+import mpiml
+from mpiml import mpi_pytorch as mp
+
+RANK, SIZE = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(7)
+        self.l1 = nn.Linear(5, 16)
+        self.tied = nn.Parameter(torch.randn(16, 16) * 0.3)
+        self.l2 = nn.Linear(16, 2)
+        self.only0 = nn.Linear(16, 2)  # on rank 0's shard only
+        self.never = nn.Linear(16, 3)  # no rank uses it
+        self.scale = nn.Parameter(torch.ones((), dtype=torch.float64))
+
+    def forward(self, x, use_only0):
+        h = torch.tanh(self.l1(x))
+        h = torch.tanh(h @ self.tied)
+        h = torch.tanh(h @ self.tied.t())  # used twice
+        out = self.l2(h)
+        if use_only0:
+            out = out + self.only0(h)
+        return out * self.scale.to(out.dtype)
+
+
+def loss(net, x, y, use_only0, micro):
+    return nn.functional.mse_loss(net(x, use_only0), y) / micro
+
+
+@pytest.mark.parametrize("cap_mb,micro", [(25, 1), (64 / 2**20, 1), (1024 / 2**20, 2)])
+def test_equals_one_process_and_bit_for_bit_without_overlap(cap_mb, micro):
+    batch, steps = 12, 5
+    per = batch // SIZE
+    part = per // micro
+    torch.manual_seed(99)
+    x, y = torch.randn(batch, 5), torch.randn(batch, 2)
+    over, plain, ref = Net(), Net(), Net()
+    over_avg = mp.GradAverager(over, bucket_cap_mb=cap_mb, overlap=True)
+    plain_avg = mp.GradAverager(plain, bucket_cap_mb=cap_mb)
+    opts = [torch.optim.Adam(m.parameters(), lr=1e-2) for m in (over, plain, ref)]
+    for step in range(steps):
+        for o in opts[:2]:
+            o.zero_grad()
+        for m in range(micro):
+            sl = slice(RANK * per + m * part, RANK * per + (m + 1) * part)
+            if m + 1 < micro:
+                with over_avg.no_sync():
+                    loss(over, x[sl], y[sl], RANK == 0, micro).backward()
+            else:
+                loss(over, x[sl], y[sl], RANK == 0, micro).backward()
+            loss(plain, x[sl], y[sl], RANK == 0, micro).backward()
+        over_avg()
+        plain_avg()
+        for (name, p), q in zip(over.named_parameters(), plain.parameters()):
+            assert (p.grad is None) == (q.grad is None), name
+            if p.grad is not None:
+                assert torch.equal(p.grad, q.grad), (name, step)
+        assert over.never.weight.grad is None and over.only0.weight.grad is not None
+        opts[0].step()
+        opts[1].step()
+        opts[2].zero_grad()
+        for r in range(SIZE):
+            for m in range(micro):
+                sl = slice(r * per + m * part, r * per + (m + 1) * part)
+                (loss(ref, x[sl], y[sl], r == 0, micro) / SIZE).backward()
+        opts[2].step()
+    for p, q, s in zip(over.parameters(), plain.parameters(), ref.parameters()):
+        assert torch.equal(p, q)
+        torch.testing.assert_close(p, s, rtol=1e-5, atol=1e-5)
+    assert any((p - q).abs().max() > 1e-3 for p, q in zip(over.parameters(), Net().parameters()))
+    del over_avg, plain_avg  # collective: at the same point on every rank
+
+
+def test_failure_on_the_communication_thread_names_the_rank():
+    # Parameters that differ across ranks (not compared at construction with
+    # the checks off): the bucket's collective fails on every rank, on the
+    # communication thread, and the call raises it.
+    was = mpiml.check_enabled()
+    mpiml.set_check(False)
+    p = nn.Parameter(torch.ones(5 if RANK == 1 else 4))
+    avg = mp.GradAverager([p], overlap=True)
+    mpiml.set_check(was)
+    (p * 2).sum().backward()
+    with pytest.raises(mpiml.Error, match=r"on rank %d/%d: .*different" % (RANK, SIZE)):
+        avg()
+    p2 = nn.Parameter(torch.ones(4))
+    avg2 = mp.GradAverager([p2], overlap=True)
+    (p2 * RANK).sum().backward()
+    avg2()  # a new averager works everywhere
+    torch.testing.assert_close(p2.grad, torch.full((4,), (SIZE - 1) / 2))
+    del avg, avg2
+
+
+def test_no_sync_is_a_context_manager_without_overlap_too():
+    p = nn.Parameter(torch.ones(4))
+    for overlap in (False, True):
+        p.grad = None
+        avg = mp.GradAverager([p], overlap=overlap)
+        with avg.no_sync():
+            (p * RANK).sum().backward()
+        (p * 1.0).sum().backward()
+        avg()
+        torch.testing.assert_close(p.grad, torch.full((4,), (SIZE - 1) / 2 + 1.0))
+        del avg

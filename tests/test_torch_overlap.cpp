@@ -1,0 +1,236 @@
+// GradAverager with overlap under mpirun (MPI_THREAD_SERIALIZED): n ranks on
+// 1/n of the batch each equal one process on the whole batch, and bit for bit
+// the averaging after backward(), with a parameter no rank uses, one only
+// rank 0 uses, a parameter used twice and registered twice, two dtypes and
+// gradient accumulation under no_sync(); failures on the communication
+// thread surface at the call.
+#include <mpiml/mpiml.hpp>
+#include <mpiml/torch.hpp>
+
+#include "expect_error.hpp"
+
+#include <gtest/gtest.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+
+#include <cstdio>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+namespace {
+
+int rank() { return mpiml::proc_id(); }
+int size() { return mpiml::num_procs(); }
+
+struct NetImpl : torch::nn::Module {
+    NetImpl() {
+        l1 = register_module("l1", torch::nn::Linear(5, 16));
+        tied = register_parameter("tied", torch::randn({16, 16}) * 0.3);
+        register_parameter("tied_again", tied);  // registered twice
+        l2 = register_module("l2", torch::nn::Linear(16, 2));
+        only0 = register_module("only0", torch::nn::Linear(16, 2));  // rank 0's shard only
+        never = register_module("never", torch::nn::Linear(16, 3));  // no rank uses it
+        scale = register_parameter("scale", torch::ones({}, torch::kFloat64));
+    }
+    torch::Tensor forward(const torch::Tensor& x, bool use_only0) {
+        auto h = torch::tanh(l1(x));
+        h = torch::tanh(h.matmul(tied));
+        h = torch::tanh(h.matmul(tied.t()));  // used twice
+        auto out = l2(h);
+        if (use_only0) out = out + only0(h);
+        return out * scale.to(out.scalar_type());
+    }
+    torch::nn::Linear l1{nullptr}, l2{nullptr}, only0{nullptr}, never{nullptr};
+    torch::Tensor tied, scale;
+};
+TORCH_MODULE(Net);
+
+Net make_net() {
+    torch::manual_seed(7);
+    return Net();
+}
+
+std::vector<torch::Tensor> unique_params(const Net& net) {
+    std::vector<torch::Tensor> out;
+    std::unordered_set<const void*> seen;
+    for (const auto& p : net->parameters())
+        if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+    return out;
+}
+
+/// Every parameter and gradient equal bit for bit (undefined alike).
+void expect_identical(const Net& a, const Net& b, int step) {
+    const auto pa = unique_params(a), pb = unique_params(b);
+    ASSERT_EQ(pa.size(), pb.size());
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+        EXPECT_TRUE(pa[i].equal(pb[i])) << "parameter #" << i << " step " << step;
+        ASSERT_EQ(pa[i].grad().defined(), pb[i].grad().defined()) << "#" << i << " step " << step;
+        if (pa[i].grad().defined())
+            EXPECT_TRUE(pa[i].grad().equal(pb[i].grad())) << "gradient #" << i << " step " << step;
+    }
+}
+
+double max_abs_diff(const Net& a, const Net& b) {
+    double m = 0;
+    const auto pa = unique_params(a), pb = unique_params(b);
+    for (std::size_t i = 0; i < pa.size(); ++i)
+        m = std::max(m, (pa[i] - pb[i]).abs().max().item<double>());
+    return m;
+}
+
+/// loss of one micro-batch, scaled so that the micro-batches of a step sum
+/// to the mean over the rank's shard.
+torch::Tensor micro_loss(Net& net, const torch::Tensor& x, const torch::Tensor& y, bool use_only0,
+                         int micro) {
+    return torch::nn::functional::mse_loss(net(x, use_only0), y) / micro;
+}
+
+/// Trains three copies of the net for a few steps: with overlap, with the
+/// averaging after backward(), and one process on every shard.
+void train(std::size_t cap, int micro) {
+    constexpr int batch = 12, steps = 6;
+    const int n = size(), r = rank();
+    const int per = batch / n, part = per / micro;
+    ASSERT_EQ(per % micro, 0);
+    torch::manual_seed(99);
+    const auto x = torch::randn({batch, 5}), y = torch::randn({batch, 2});
+
+    Net over = make_net(), plain = make_net(), ref = make_net();
+    mpiml::AvgGradsOptions o;
+    o.bucket_cap_bytes = cap;
+    mpiml::GradAverager plain_avg(plain, o);
+    o.overlap = true;
+    mpiml::GradAverager over_avg(over, o);
+    EXPECT_EQ(over_avg.size(), plain_avg.size());
+    torch::optim::Adam over_opt(unique_params(over), torch::optim::AdamOptions(1e-2));
+    torch::optim::Adam plain_opt(unique_params(plain), torch::optim::AdamOptions(1e-2));
+    torch::optim::Adam ref_opt(unique_params(ref), torch::optim::AdamOptions(1e-2));
+
+    for (int step = 0; step < steps; ++step) {
+        over_opt.zero_grad();
+        plain_opt.zero_grad();
+        for (int m = 0; m < micro; ++m) {
+            const auto xs = x.narrow(0, r * per + m * part, part);
+            const auto ys = y.narrow(0, r * per + m * part, part);
+            if (m + 1 < micro) {
+                auto guard = over_avg.no_sync();
+                micro_loss(over, xs, ys, r == 0, micro).backward();
+            } else {
+                micro_loss(over, xs, ys, r == 0, micro).backward();
+            }
+            micro_loss(plain, xs, ys, r == 0, micro).backward();
+        }
+        over_avg();
+        plain_avg();
+        expect_identical(over, plain, step);
+        EXPECT_FALSE(over->never->weight.grad().defined()) << "no rank had a gradient";
+        EXPECT_TRUE(over->only0->weight.grad().defined()) << "rank 0 had one";
+        over_opt.step();
+        plain_opt.step();
+
+        ref_opt.zero_grad();
+        for (int q = 0; q < n; ++q)
+            for (int m = 0; m < micro; ++m) {
+                const auto xs = x.narrow(0, q * per + m * part, part);
+                const auto ys = y.narrow(0, q * per + m * part, part);
+                (micro_loss(ref, xs, ys, q == 0, micro) / n).backward();
+            }
+        ref_opt.step();
+    }
+    expect_identical(over, plain, steps);
+    const double diff = max_abs_diff(over, ref);
+    EXPECT_LT(diff, 1e-5) << "ranks " << n;
+    if (r == 0) std::printf("  max |overlap - one process| = %.3g\n", diff);
+    EXPECT_GT(max_abs_diff(over, make_net()), 1e-3) << "training moved the weights";
+}
+
+TEST(TorchOverlap, EqualsOneProcessOneBucket) { train(25u << 20, 1); }
+TEST(TorchOverlap, EqualsOneProcessBucketPerTensor) { train(64, 1); }
+TEST(TorchOverlap, EqualsOneProcessSmallBuckets) { train(1024, 1); }
+TEST(TorchOverlap, GradientAccumulationUnderNoSync) { train(1024, 2); }
+
+using mpiml_test::expect_error;
+
+TEST(TorchOverlap, LocalBadGradientThrowsThereAtTheCall) {
+    Net net = make_net();
+    mpiml::AvgGradsOptions o;
+    o.overlap = true;
+    o.bucket_cap_bytes = 256;
+    mpiml::GradAverager avg(net, o);
+    const auto x = torch::randn({4, 5}), y = torch::randn({4, 2});
+    // "never" gets no gradient from backward(): averaged at the call, where
+    // rank 0's (wrong-sized) one fails to pack on the communication thread.
+    if (rank() == 0) net->never->bias.mutable_grad() = torch::ones({7});
+    torch::nn::functional::mse_loss(net(x, true), y).backward();
+    if (rank() == 0)
+        expect_error([&] { avg(); }, {"mpiml::GradAverager", "rank 0/", "7 elements"});
+    else
+        EXPECT_NO_THROW(avg());
+    // The next step works everywhere.
+    net->zero_grad();
+    net->never->bias.mutable_grad() = torch::full({3}, static_cast<double>(rank()));
+    torch::nn::functional::mse_loss(net(x, true), y).backward();
+    EXPECT_NO_THROW(avg());
+    const double mean = (size() - 1) / 2.0;
+    EXPECT_TRUE(net->never->bias.grad().allclose(torch::full({3}, mean)));
+}
+
+TEST(TorchOverlap, FailedCollectiveThrowsEverywhereAtTheCall) {
+    const bool was = mpiml::check_enabled();
+    mpiml::set_check(false);  // construction does not compare the ranks' parameters
+    auto p = torch::ones({rank() == 1 ? 5 : 4}).requires_grad_();
+    mpiml::AvgGradsOptions o;
+    o.overlap = true;
+    mpiml::GradAverager avg(std::vector<torch::Tensor>{p}, o);
+    mpiml::set_check(true);  // the bucket's allreduce: counts differ
+    (p * 2).sum().backward();
+    // The collective's own error (its call, this rank), rethrown at the call.
+    expect_error([&] { avg(); }, {"on rank " + std::to_string(rank()) + "/", "different"});
+    mpiml::set_check(was);
+}
+
+TEST(TorchOverlap, SecondBackwardWithoutNoSyncIsAnError) {
+    auto p = torch::ones({4}).requires_grad_();
+    mpiml::AvgGradsOptions o;
+    o.overlap = true;
+    mpiml::GradAverager avg(std::vector<torch::Tensor>{p}, o);
+    (p * 2).sum().backward();
+    avg();  // waits for the first pass's bucket before the second pass
+    (p * 3).sum().backward();
+    (p * 3).sum().backward();
+    expect_error([&] { avg(); }, {"mpiml::GradAverager", "parameter #0", "no_sync"});
+    // Then a clean step.
+    p.mutable_grad().zero_();
+    (p * static_cast<double>(rank())).sum().backward();
+    avg();
+    EXPECT_TRUE(p.grad().allclose(torch::full({4}, (size() - 1) / 2.0)));
+}
+
+TEST(TorchOverlap, NotWithBucketViewsNorTheFreeFunction) {
+    Net net = make_net();
+    mpiml::AvgGradsOptions o;
+    o.overlap = true;
+    o.gradient_as_bucket_view = true;
+    expect_error([&] { mpiml::GradAverager avg(net, o); }, {"mpiml::GradAverager", "gradient_as_bucket_view"});
+    o.gradient_as_bucket_view = false;
+    expect_error([&] { mpiml::mpi_avg_grads(net, o); }, {"mpiml::mpi_avg_grads", "GradAverager"});
+}
+
+TEST(TorchOverlap, DestroyedWithoutTheCallEndsTheStep) {
+    auto p = torch::ones({4}).requires_grad_();
+    {
+        mpiml::AvgGradsOptions o;
+        o.overlap = true;
+        mpiml::GradAverager avg(std::vector<torch::Tensor>{p}, o);
+        (p * static_cast<double>(rank())).sum().backward();
+    }  // every rank ends the step: the bucket is averaged
+    EXPECT_TRUE(p.grad().allclose(torch::full({4}, (size() - 1) / 2.0)));
+    mpiml::barrier();
+    // The hooks are gone: another backward() is plain accumulation.
+    (p * 1.0).sum().backward();
+    EXPECT_TRUE(p.grad().allclose(torch::full({4}, (size() - 1) / 2.0 + 1.0)));
+}
+
+}  // namespace
