@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 
 int main(int argc, char** argv) {
-    mpiml::Session session(argc, argv);
+    mpiml::SessionOptions opts;
+#ifdef MPIML_TEST_THREAD_MULTIPLE
+    opts.thread_level = MPI_THREAD_MULTIPLE;  // tests whose threads call MPI
+#endif
+    mpiml::Session session(argc, argv, opts);
     if (session.rank() != 0) GTEST_FLAG_SET(brief, true);
     ::testing::InitGoogleTest(&argc, argv);
     int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
