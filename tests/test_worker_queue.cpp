@@ -160,7 +160,11 @@ TEST(WorkerQueue, PostedRequestsCompleteWhileTheQueueGoesOn) {
                                    EXPECT_FALSE(e);
                                    ++completed;
                                }});
-        q.shutdown();  // runs both to completion
+        // Shutdown would cancel what is still pending: wait for both first.
+        const auto deadline = std::chrono::steady_clock::now() + 10s;
+        while (completed.load() < 2 && std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(1ms);
+        q.shutdown();
     }
     EXPECT_EQ(completed.load(), 2);
     EXPECT_EQ(*in, (me + n - 1) % n);

@@ -207,7 +207,17 @@ void WorkerQueue::poll_pending(bool block_briefly, std::vector<Done>& done) {
 void WorkerQueue::cancel_pending(std::vector<Done>& done) {
     for (auto& p : pending_) {
         MPI_Cancel(&p.posted.req);
-        MPI_Request_free(&p.posted.req);
+        // A cancelled request completes; until it has, MPI may still use the
+        // buffer: one that does not within a moment keeps it for good.
+        int flag = 0;
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+        while (MPI_Test(&p.posted.req, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag &&
+               std::chrono::steady_clock::now() < deadline)
+            std::this_thread::yield();
+        if (!flag) {
+            MPI_Request_free(&p.posted.req);
+            new std::shared_ptr<void>(std::move(p.posted.hold));  // leaked on purpose
+        }
         try {
             mpiml::detail::fail((prefix_ + p.name).c_str(),
                                 "the process group was shut down before it completed");
