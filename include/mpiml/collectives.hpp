@@ -61,6 +61,9 @@ namespace detail {
 /// profile: a string literal, or detail::profile_intern(name).
 void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type,
                TypeClass cls, const ReduceOp& op, MPI_Comm comm, const char* call);
+/// In place: the sum over ranks divided by their number (floating or
+/// complex types). A SharedBucket's memory is reduced in node-shared memory.
+void average(void* buf, std::size_t count, MPI_Datatype type, MPI_Comm comm, const char* call);
 void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Comm comm,
                const char* call);
 /// Gathers count elements from every rank into recv (count * size elements).

@@ -121,4 +121,12 @@ private:
     std::size_t id_ = 0;              // registry entry, for finalize
 };
 
+namespace detail {
+/// Memory for repeated in-place collectives of up to bytes on comm: a
+/// SharedBucket where the core's shared-memory path applies to that size (the
+/// same answer on every rank), else nullptr. Collective.
+std::unique_ptr<SharedBucket> collective_memory(std::size_t bytes, MPI_Comm comm,
+                                                const char* call);
+}  // namespace detail
+
 }  // namespace mpiml

@@ -23,7 +23,7 @@
 namespace py = pybind11;
 
 namespace mpiml::detail {
-void exit_guard_run();  // src/exit_guard.hpp (libmpiml, not installed)
+void exit_guard_run();  // src/core/exit_guard.hpp (libmpiml, not installed)
 }
 
 namespace {
