@@ -98,7 +98,6 @@ public:
 
 private:
     friend class CollectiveScope;
-    void release();
     MPI_Comm comm_;
     const DoorScope* outer_;
     std::uint64_t seq_ = 0;

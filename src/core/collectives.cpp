@@ -231,6 +231,33 @@ Kind door_kind(int kind) {
 }
 }  // namespace
 
+namespace {
+// Every rank counts and marks every collective whatever its own settings,
+// which may differ between ranks: the sequence numbers and the arrival board
+// (set up collectively on the first world collective) may not. Returns the
+// sequence number; marked: on the exit guard's board.
+std::uint64_t enter_collective(Kind kind, MPI_Comm comm, bool& marked) {
+    if (injecting()) inject_on_collective();
+    const std::uint64_t seq = next_sequence(comm);
+    if (comm == MPI_COMM_WORLD) arrival_mark(seq);
+    if (spans_world(comm)) {
+        exit_guard_setup();
+        if (exit_guard_ready()) {
+            exit_mark_enter(kind, seq);
+            marked = true;
+        }
+    }
+    return seq;
+}
+
+void leave_collective(bool& marked, std::uint64_t& watch) {
+    if (marked && exit_guard_ready()) exit_mark_leave();
+    marked = false;
+    watchdog_disarm(watch);
+    watch = 0;
+}
+}  // namespace
+
 CollectiveScope::CollectiveScope(const CallInfo& info) {
     const bool prof = profiling();
     if (t_door && t_door->comm_ == info.comm) {
@@ -245,27 +272,14 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
     const bool check = s.check.load(std::memory_order_relaxed);
     const bool timed = s.timeout.load(std::memory_order_relaxed) > 0;
     const std::int64_t t0 = prof ? profile_now() : 0;
-    if (injecting()) inject_on_collective();
-    // Every rank counts and marks every collective whatever its own settings,
-    // which may differ between ranks: the sequence numbers and the arrival
-    // board (set up collectively on the first world collective) may not.
-    const std::uint64_t seq = next_sequence(info.comm);
-    if (info.comm == MPI_COMM_WORLD) arrival_mark(seq);
-    if (spans_world(info.comm)) {
-        exit_guard_setup();
-        if (exit_guard_ready()) {
-            exit_mark_enter(info.kind, seq);
-            marked_ = true;
-        }
-    }
+    const std::uint64_t seq = enter_collective(info.kind, info.comm, marked_);
     if (!check && !timed && !prof) return;
     if (timed) watch_ = watchdog_arm(Watched{info, seq, 0, {}, {}});
     if (check) {
         try {
             check_consistent(info, seq);
         } catch (...) {
-            watchdog_disarm(watch_);
-            watch_ = 0;
+            leave_collective(marked_, watch_);
             throw;
         }
     }
@@ -275,8 +289,7 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
 }
 
 CollectiveScope::~CollectiveScope() {
-    if (marked_ && exit_guard_ready()) exit_mark_leave();
-    watchdog_disarm(watch_);
+    leave_collective(marked_, watch_);
     if (profile_) profile_collective(*profile_);
 }
 
@@ -285,23 +298,16 @@ DoorScope::DoorScope(const DoorCall& d) : comm_(d.comm), outer_(t_door) {
     const bool check = d.check || s.check.load(std::memory_order_relaxed);
     const bool timed = d.timeout > 0 || s.timeout.load(std::memory_order_relaxed) > 0;
     t0_ = profiling() ? profile_now() : 0;
-    if (injecting()) inject_on_collective();
-    seq_ = next_sequence(d.comm);
-    const CallInfo info{door_kind(d.kind), d.call, 0, MPI_DATATYPE_NULL, -1, -1, d.comm};
-    if (d.comm == MPI_COMM_WORLD) arrival_mark(seq_);
-    if (spans_world(d.comm)) {
-        exit_guard_setup();
-        if (exit_guard_ready()) {
-            exit_mark_enter(info.kind, seq_);
-            marked_ = true;
-        }
-    }
-    if (timed) watch_ = watchdog_arm(Watched{info, seq_, d.timeout, d.call, d.where});
+    const Kind kind = door_kind(d.kind);
+    seq_ = enter_collective(kind, d.comm, marked_);
+    if (timed)
+        watch_ = watchdog_arm(
+            Watched{{kind, d.call, 0, MPI_DATATYPE_NULL, -1, -1, d.comm}, seq_, d.timeout, d.call, d.where});
     if (check && d.nsig > 0) {
         try {
             check_agreement(d.sig, d.nsig, d.comm, d.call, seq_, d.describe, AgreeWait::poll);
         } catch (...) {
-            release();
+            leave_collective(marked_, watch_);
             throw;
         }
         if (t0_) check_ns_ = profile_now() - t0_;
@@ -309,16 +315,9 @@ DoorScope::DoorScope(const DoorCall& d) : comm_(d.comm), outer_(t_door) {
     t_door = this;
 }
 
-void DoorScope::release() {
-    if (marked_ && exit_guard_ready()) exit_mark_leave();
-    marked_ = false;
-    watchdog_disarm(watch_);
-    watch_ = 0;
-}
-
 DoorScope::~DoorScope() {
     if (t_door == this) t_door = outer_;
-    release();
+    leave_collective(marked_, watch_);
 }
 
 DoorWatch::DoorWatch(std::string call, double timeout, std::string where) {
