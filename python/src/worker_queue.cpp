@@ -127,8 +127,9 @@ void WorkerQueue::loop(bool runner) {
                 spare_cv_.notify_all();
                 return;
             }
+            const bool stopping = stop_;
             lock.unlock();
-            if (stop_)
+            if (stopping)
                 cancel_pending(done);
             else
                 poll_pending(true, done);
