@@ -7,6 +7,7 @@
 
 #include <mpiml/datatype.hpp>
 #include <mpiml/error.hpp>
+#include <mpiml/op.hpp>
 #include <mpiml/session.hpp>
 
 #include <cstddef>
@@ -20,26 +21,6 @@
 #include <vector>
 
 namespace mpiml {
-
-/// Reduction operations (MPI's built-ins).
-enum class Op { sum, prod, min, max, land, lor, lxor, band, bor, bxor };
-
-/// An operation argument: an mpiml::Op or a raw MPI_Op. Raw built-in MPI ops
-/// are recognized, so they get the same type checks as Op.
-class ReduceOp {
-public:
-    ReduceOp(Op op);      // NOLINT: implicit on purpose
-    ReduceOp(MPI_Op op);  // NOLINT: implicit on purpose
-    MPI_Op native() const { return native_; }
-    std::optional<Op> known() const { return known_; }
-    const char* name() const;
-
-private:
-    MPI_Op native_;
-    std::optional<Op> known_;
-};
-
-const char* op_name(Op op);
 
 /// Contiguous, sized range of an MPI element type (std::vector, std::array,
 /// std::span, C array, ...).

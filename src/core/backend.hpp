@@ -5,7 +5,7 @@
 // ranks on other nodes); the MPI backend (backends/mpi) runs everything else.
 #pragma once
 
-#include <mpiml/collectives.hpp>
+#include <mpiml/op.hpp>
 
 #include <cstddef>
 

@@ -2,7 +2,7 @@
 // sequence number and the scope that runs the check, watchdog and profiler.
 #pragma once
 
-#include <mpiml/collectives.hpp>
+#include "core/op.hpp"
 
 #include <cstdint>
 #include <optional>

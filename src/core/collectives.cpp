@@ -4,12 +4,12 @@
 #include "core/exit_guard.hpp"
 #include "core/profile_hooks.hpp"
 #include "core/state.hpp"
+#include "core/op.hpp"
 #include "core/types.hpp"
 #include "core/watchdog.hpp"
 #include "core/backend.hpp"
 
 #include <mpiml/collectives.hpp>
-#include <mpiml/shm.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -25,21 +25,6 @@
 #include <sched.h>
 
 namespace mpiml {
-
-ReduceOp::ReduceOp(Op op) : known_(op) {
-    native_ = detail::op_info(op).native;
-    if (native_ == MPI_OP_NULL) detail::fail("mpiml::ReduceOp", "invalid mpiml::Op value");
-}
-
-ReduceOp::ReduceOp(MPI_Op op) : native_(op) {
-    for (Op o : detail::all_ops)
-        if (detail::op_info(o).native == op) known_ = o;
-}
-
-const char* ReduceOp::name() const {
-    if (known_) return op_name(*known_);
-    return native_ == MPI_OP_NULL ? "MPI_OP_NULL" : "user-defined MPI_Op";
-}
 
 namespace detail {
 namespace {
@@ -259,7 +244,7 @@ void leave_collective(bool& marked, std::uint64_t& watch) {
 }  // namespace
 
 CollectiveScope::CollectiveScope(const CallInfo& info) {
-    const bool prof = profiling();
+    const bool prof = profile_on.load(std::memory_order_relaxed);
     if (t_door && t_door->comm_ == info.comm) {
         // Inside a door's collective: it has counted, marked, watched and
         // checked; the profile records this call with the door's start.
@@ -297,7 +282,7 @@ DoorScope::DoorScope(const DoorCall& d) : comm_(d.comm), outer_(t_door) {
     const auto& s = state();
     const bool check = d.check || s.check.load(std::memory_order_relaxed);
     const bool timed = d.timeout > 0 || s.timeout.load(std::memory_order_relaxed) > 0;
-    t0_ = profiling() ? profile_now() : 0;
+    t0_ = profile_on.load(std::memory_order_relaxed) ? profile_now() : 0;
     const Kind kind = door_kind(d.kind);
     seq_ = enter_collective(kind, d.comm, marked_);
     if (timed)
@@ -361,13 +346,6 @@ void average(void* buf, std::size_t count, MPI_Datatype type, MPI_Comm comm, con
     CollectiveScope scope({Kind::allreduce, call, count, type, op_id(Op::sum), -1, comm});
     if (shm_average(buf, count, type, comm, call)) return;
     mpi_average(buf, count, type, tsize, comm, call);
-}
-
-std::unique_ptr<SharedBucket> collective_memory(std::size_t bytes, MPI_Comm comm,
-                                                const char* call) {
-    ensure_initialized(call);
-    if (!shm_takes(bytes, comm, call)) return nullptr;
-    return std::make_unique<SharedBucket>(bytes, Comm(comm));
 }
 
 void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Comm comm,

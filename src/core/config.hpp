@@ -2,7 +2,7 @@
 // in one place (config.cpp) at initialization, one parser per kind.
 #pragma once
 
-#include <mpiml/shm.hpp>
+#include <mpiml/shm_config.hpp>
 
 #include <cstddef>
 #include <optional>

@@ -1,5 +1,4 @@
 // Abort on failure: print one clear line, then MPI_Abort the whole job.
-#include "core/exit_guard.hpp"
 #include "core/state.hpp"
 
 #include <mpiml/failure.hpp>

@@ -3,9 +3,15 @@
 
 #include "core/call.hpp"
 
-#include <mpiml/profile.hpp>
+#include <atomic>
+#include <cstdint>
 
 namespace mpiml::detail {
+
+// Also declared in <mpiml/profile.hpp>, for its inline Region.
+extern std::atomic<bool> profile_on;
+extern std::atomic<std::uint32_t> profile_generation;
+std::int64_t profile_now();  // steady clock, ns
 
 void profile_collective(const ProfileMark& mark);
 /// Starts profiling at initialization when MPIML_PROFILE=DIR is set (not collective).

@@ -3,6 +3,7 @@
 #include "core/profile_hooks.hpp"
 #include "core/state.hpp"
 
+#include <mpiml/error.hpp>
 #include <mpiml/failure.hpp>
 #include <mpiml/session.hpp>
 

@@ -36,29 +36,11 @@ const TypeInfo* type_by_id(std::int64_t id) {
                                                                  : nullptr;
 }
 
-OpInfo op_info(Op op) {
-    switch (op) {
-        case Op::sum: return {"sum", MPI_SUM};
-        case Op::prod: return {"prod", MPI_PROD};
-        case Op::min: return {"min", MPI_MIN};
-        case Op::max: return {"max", MPI_MAX};
-        case Op::land: return {"land", MPI_LAND};
-        case Op::lor: return {"lor", MPI_LOR};
-        case Op::lxor: return {"lxor", MPI_LXOR};
-        case Op::band: return {"band", MPI_BAND};
-        case Op::bor: return {"bor", MPI_BOR};
-        case Op::bxor: return {"bxor", MPI_BXOR};
-    }
-    return {"invalid op", MPI_OP_NULL};
-}
-
 }  // namespace detail
 
 const char* datatype_name(MPI_Datatype t) {
     const detail::TypeInfo* e = detail::find_type(t);
     return e ? e->name : "MPI datatype";
 }
-
-const char* op_name(Op op) { return detail::op_info(op).name; }
 
 }  // namespace mpiml

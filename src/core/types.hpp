@@ -1,9 +1,8 @@
-// The registry of element types and reduce ops (types.cpp, from
-// <mpiml/types.def>): names, classes, which ops are legal, and the C++ type a
-// datatype's reductions compute in, for the kernels and the op fixes.
+// The registry of element types (types.cpp, from <mpiml/types.def>): names,
+// classes, and the C++ type a datatype's reductions compute in, for the
+// kernels and the op fixes. The ops: core/op.hpp.
 #pragma once
 
-#include <mpiml/collectives.hpp>
 #include <mpiml/datatype.hpp>
 
 #include <complex>
@@ -27,34 +26,6 @@ struct TypeInfo {
 const TypeInfo* find_type(MPI_Datatype type);
 /// The entry with this id; nullptr when there is none.
 const TypeInfo* type_by_id(std::int64_t id);
-
-/// The one legality rule (MPI 4.0, section 6.9.2).
-constexpr bool op_allowed(Op op, TypeClass cls) {
-    switch (op) {
-        case Op::sum:
-        case Op::prod: return cls != TypeClass::logical;
-        case Op::min:
-        case Op::max: return cls == TypeClass::integer || cls == TypeClass::floating;
-        case Op::land:
-        case Op::lor:
-        case Op::lxor: return cls == TypeClass::integer || cls == TypeClass::logical;
-        case Op::band:
-        case Op::bor:
-        case Op::bxor: return cls == TypeClass::integer;
-    }
-    return false;
-}
-
-/// Every mpiml::Op, in order.
-inline constexpr Op all_ops[] = {Op::sum, Op::prod, Op::min,  Op::max, Op::land,
-                                 Op::lor, Op::lxor, Op::band, Op::bor, Op::bxor};
-/// An mpiml::Op's name and MPI's predefined op for it (name "invalid op",
-/// MPI_OP_NULL for a value outside the enum).
-struct OpInfo {
-    const char* name;
-    MPI_Op native;
-};
-OpInfo op_info(Op op);
 
 template <class T>
 constexpr Rep rep_of() {

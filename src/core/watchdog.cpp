@@ -3,6 +3,7 @@
 #include "core/state.hpp"
 #include "core/watchdog.hpp"
 
+#include <mpiml/error.hpp>
 #include <mpiml/failure.hpp>
 
 #include <atomic>

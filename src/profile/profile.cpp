@@ -6,7 +6,9 @@
 #include "core/state.hpp"
 
 #include <mpiml/datatype.hpp>
+#include <mpiml/error.hpp>
 #include <mpiml/profile.hpp>
+#include <mpiml/session.hpp>
 
 #include <algorithm>
 #include <charconv>

@@ -513,9 +513,9 @@ struct Deferred {
     }
 };
 
-/// Fused buckets are packed into the memory the core offers for repeated
-/// in-place collectives (node-shared memory where its shared path applies:
-/// no copy into the shared segment and back). Every rank asks alike (same
+/// Fused buckets are packed into memory for repeated in-place collectives
+/// (node-shared memory where the shared path applies: no copy into the
+/// shared segment and back; the core's allreduce recognizes it). Every rank asks alike (same
 /// plan, same comm). Else nullptr.
 std::byte* fused_segment(GradState& st, MPI_Comm comm) {
     const std::size_t bytes = st.largest_fused;

@@ -3,6 +3,7 @@
 #include "core/backend.hpp"
 #include "core/types.hpp"
 
+#include <mpiml/collectives.hpp>
 #include <mpiml/error.hpp>
 
 #include <algorithm>

@@ -4,6 +4,7 @@
 #include "algorithms.hpp"
 
 #include "core/agreement.hpp"
+#include "core/backend.hpp"
 #include "core/call.hpp"
 #include "core/state.hpp"
 #include "core/types.hpp"
@@ -94,6 +95,13 @@ bool bucket_reduce(void* data, std::size_t count, MPI_Datatype type, const Reduc
                average ? c.size : 0, true, call);
     c.barrier();  // peers are done reading this bucket
     return true;
+}
+
+std::unique_ptr<SharedBucket> collective_memory(std::size_t bytes, MPI_Comm comm,
+                                                const char* call) {
+    ensure_initialized(call);
+    if (!shm_takes(bytes, comm, call)) return nullptr;
+    return std::make_unique<SharedBucket>(bytes, Comm(comm));
 }
 
 bool shm_average(void* buf, std::size_t count, MPI_Datatype type, MPI_Comm comm,

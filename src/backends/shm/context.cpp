@@ -2,7 +2,6 @@
 // the hooks detail::allreduce / detail::broadcast call (src/shm.hpp).
 #include "context.hpp"
 
-#include "algorithms.hpp"
 #include "core/agreement.hpp"
 #include "core/config.hpp"
 #include "core/backend.hpp"
@@ -229,13 +228,6 @@ ShmContext* cached_context(MPI_Comm comm, const char* call) {
     return c;
 }
 
-// The mode and size half of the path decision: no MPI, no context. Checked
-// first on every collective, so that small ones leave at once.
-bool may_share(std::size_t bytes, std::size_t threshold) {
-    const shm::Mode mode = config_ref().mode;
-    return mode == shm::Mode::on || (mode == shm::Mode::automatic && bytes >= threshold);
-}
-
 }  // namespace
 
 // ----------------------------------------------------- argument agreement
@@ -318,63 +310,6 @@ ShmContext* shared_context_for(std::size_t bytes, std::size_t threshold, MPI_Com
     return c;
 }
 
-bool shm_takes(std::size_t bytes, MPI_Comm comm, const char* call) {
-    // shm_allreduce's decision for a built-in op on a type with a kernel.
-    return shared_context_for(bytes, config_ref().allreduce_threshold, comm, call) != nullptr;
-}
-
-bool shm_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type,
-                   std::size_t bytes, const ReduceOp& op, MPI_Comm comm, const char* call) {
-    if (send == MPI_IN_PLACE && bucket_reduce(recv, count, type, op, false, comm, call))
-        return true;
-    const std::size_t threshold = config_ref().allreduce_threshold;
-    if (!op.known() || !may_share(bytes, threshold)) return false;
-    const Kernel k = resolve(type, *op.known());
-    if (!k.combine) return false;
-    ShmContext* c = shared_context_for(bytes, threshold, comm, call);
-    if (!c) return false;
-    Signature sig;
-    sig.count = count;
-    sig.bytes = bytes;
-    sig.kind = Signature::allreduce;
-    sig.op = static_cast<std::uint8_t>(*op.known());
-    sig.type = static_cast<std::uint16_t>(k.type_id);
-    if (count == 0) {  // still compared: a peer may have passed more
-        ++c->round;
-        checked_barrier(*c, sig, call);
-        return true;
-    }
-    if (send == MPI_IN_PLACE) send = recv;
-    run_allreduce(*c, static_cast<const char*>(send), static_cast<char*>(recv), count, k, sig,
-                  call);
-    return true;
-}
-
-bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, int root,
-                   MPI_Comm comm, const char* call) {
-    const std::size_t bytes = count * static_cast<std::size_t>(tsize);
-    const std::size_t threshold = config_ref().broadcast_threshold;
-    if (!may_share(bytes, threshold)) return false;
-    MPI_Aint lb = 0, extent = 0;
-    check_mpi(MPI_Type_get_extent(type, &lb, &extent), call);
-    if (lb != 0 || extent != tsize) return false;  // not contiguous bytes
-    ShmContext* c = shared_context_for(bytes, threshold, comm, call);
-    if (!c) return false;
-    Signature sig;
-    sig.count = count;
-    sig.bytes = bytes;
-    sig.kind = Signature::broadcast;
-    const TypeInfo* t = find_type(type);
-    if (t) sig.type = static_cast<std::uint16_t>(t->id);
-    sig.root = root;
-    if (bytes == 0) {  // still compared: a peer may have passed more
-        ++c->round;
-        checked_barrier(*c, sig, call);
-        return true;
-    }
-    run_broadcast(*c, static_cast<char*>(buf), bytes, sig, call);
-    return true;
-}
 
 }  // namespace detail
 

@@ -181,6 +181,13 @@ shm::Config& config_ref();
 /// The context of comm, created collectively on first use.
 std::shared_ptr<ShmContext> context(MPI_Comm comm, const char* call);
 
+/// The mode and size half of the path decision: no MPI, no context. Checked
+/// first on every collective, so that small ones leave at once.
+inline bool may_share(std::size_t bytes, std::size_t threshold) {
+    const shm::Mode mode = config_ref().mode;
+    return mode == shm::Mode::on || (mode == shm::Mode::automatic && bytes >= threshold);
+}
+
 // The one path decision: the context of comm when a collective of bytes
 // bytes takes the shared-memory path (mode; in auto mode, at least threshold
 // bytes and worth_sharing), else nullptr. Collective the first time on comm

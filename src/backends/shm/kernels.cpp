@@ -2,6 +2,7 @@
 // (only where the registry's rule, op_allowed, defines the op).
 #include "kernels.hpp"
 
+#include "core/op.hpp"
 #include "core/types.hpp"
 
 #include <complex>
