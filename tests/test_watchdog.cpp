@@ -7,6 +7,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -93,4 +96,116 @@ TEST(Watchdog, SettingsReadFromAnotherThread) {
     mpiml::set_check(check);
     mpiml::set_timeout(0);
     mpiml::barrier();
+}
+
+namespace {
+
+std::string describe_test_sig(const std::int64_t* s) {
+    return "door(" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ")";
+}
+
+// A door collective (as the torch.distributed backend runs them) on comm:
+// one agreement round on {worker, i}, a watch of `timeout` s, a core
+// allreduce inside.
+void door_allreduce(MPI_Comm comm, int worker, int i, double timeout, int& failures) {
+    const std::int64_t sig[] = {worker, i};
+    mpiml::detail::DoorScope scope({5, "test door allreduce", comm, sig, 2, describe_test_sig, true,
+                                    timeout, " (test worker)"});
+    int x[2] = {1, worker};
+    mpiml::detail::allreduce(MPI_IN_PLACE, x, 2, MPI_INT, mpiml::TypeClass::integer, mpiml::Op::sum,
+                             comm, "test worker allreduce");
+    if (x[0] != mpiml::num_procs() || x[1] != worker * mpiml::num_procs()) ++failures;
+}
+
+}  // namespace
+
+// Several collectives watched at once, each with its own deadline: the main
+// thread's (the global timeout) and two worker threads' door collectives on
+// their own communicators, plus waits outside a collective. None expires.
+// Each door collective runs exactly one agreement round, the core call inside
+// it none; the main thread's (checks on) one each.
+TEST(Watchdog, SeveralWatchesAtOnce) {
+    const int n = mpiml::num_procs();
+    const double before = mpiml::timeout();
+    const bool check = mpiml::check_enabled();
+    mpiml::set_timeout(30.0);
+    mpiml::set_check(true);
+    constexpr int kWorkers = 2, kOps = 60;
+    MPI_Comm comms[kWorkers];
+    int failures = 0;
+    for (int w = 0; w < kWorkers; ++w) {
+        ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &comms[w]), MPI_SUCCESS);
+        door_allreduce(comms[w], w, -1, 20.0, failures);  // sets up the comm's state
+    }
+    mpiml::barrier();
+    const std::uint64_t rounds0 = mpiml::detail::agreement_rounds();
+    int worker_failures[kWorkers] = {};
+    std::vector<std::thread> workers;
+    for (int w = 0; w < kWorkers; ++w)
+        workers.emplace_back([&, w] {
+            for (int i = 0; i < kOps; ++i) {
+                mpiml::detail::DoorWatch posted("test posted wait", 25.0 + w, "");
+                door_allreduce(comms[w], w, i, 20.0 + w, worker_failures[w]);
+            }
+        });
+    for (int i = 0; i < kOps; ++i) {
+        std::vector<double> x(1 + i % 3, 1.0);
+        mpiml::allreduce(x, mpiml::Op::sum);
+        if (x[0] != n) ++failures;
+        if (i % 20 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(60));  // a watchdog tick
+    }
+    for (auto& t : workers) t.join();
+    const std::uint64_t rounds = mpiml::detail::agreement_rounds() - rounds0;
+    for (int w = 0; w < kWorkers; ++w) {
+        EXPECT_EQ(worker_failures[w], 0) << "worker " << w;
+        MPI_Comm_free(&comms[w]);
+    }
+    EXPECT_EQ(failures, 0);
+    EXPECT_EQ(rounds, static_cast<std::uint64_t>((kWorkers + 1) * kOps));
+    mpiml::set_check(check);
+    mpiml::set_timeout(before);
+    mpiml::barrier();
+}
+
+// A door collective that disagrees across ranks fails on every rank with the
+// core's mismatch message, describing each rank's signature.
+TEST(Watchdog, DoorMismatchIsTheCoresError) {
+    if (mpiml::num_procs() < 2) GTEST_SKIP() << "needs 2 ranks";
+    int failures = 0;
+    try {
+        door_allreduce(MPI_COMM_WORLD, 7, mpiml::proc_id(), 0, failures);
+        ADD_FAILURE() << "no error";
+    } catch (const mpiml::Error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("test door allreduce"), std::string::npos) << what;
+        EXPECT_NE(what.find("mismatched collectives"), std::string::npos) << what;
+        EXPECT_NE(what.find("rank 0 called door(7, 0); rank 1 called door(7, 1)"), std::string::npos) << what;
+    }
+    mpiml::barrier();
+}
+
+// Run alone (ctest watchdog_expiry.*): two collectives of rank 0 watched at
+// once, the main thread's and a worker's, while rank 1 never arrives; only
+// the one whose deadline is short (MPIML_TEST_EXPIRE: main or worker) may
+// end the job, naming itself.
+TEST(WatchdogExpiry, OneOfTwo) {
+    const char* which = std::getenv("MPIML_TEST_EXPIRE");
+    if (!which) GTEST_SKIP() << "run by the watchdog_expiry tests";
+    if (mpiml::num_procs() < 2) GTEST_SKIP() << "needs 2 ranks";
+    const bool main_short = std::string(which) == "main";
+    MPI_Comm comm;
+    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &comm), MPI_SUCCESS);
+    mpiml::barrier();  // sets up the arrival board and the exit guard on every rank
+    if (mpiml::proc_id() != 0) {
+        std::this_thread::sleep_for(std::chrono::seconds(30));  // never arrives
+        return;
+    }
+    std::thread worker([&] {
+        mpiml::detail::DoorScope scope({4, "test worker barrier", comm, nullptr, 0, nullptr, false,
+                                        main_short ? 30.0 : 1.0, " (the worker's)"});
+        MPI_Barrier(comm);
+    });
+    mpiml::set_timeout(main_short ? 1.0 : 30.0);
+    mpiml::barrier();
+    worker.join();
 }

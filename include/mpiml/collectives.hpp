@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <ranges>
 #include <source_location>
@@ -55,22 +56,61 @@ void allgather(const void* send, void* recv, std::size_t count, MPI_Datatype typ
                MPI_Comm comm, const char* call);
 void barrier(MPI_Comm comm, const char* call);
 
-/// Marks a collective that runs outside the core (the torch.distributed
-/// backend's agreement round around a core call) for the exit guard, so that
-/// a rank ending while this one waits there ends the job, and in the history
-/// reports show (call: a string literal or profile_intern'ed). kind: 1
-/// allreduce, 2 broadcast, 3 allgather, 4 barrier, 5 any other collective.
-class ExitMark {
+/// A collective of another door (the torch.distributed backend) that is not
+/// one core call: what every rank must agree on and how it is watched.
+struct DoorCall {
+    int kind;          // for the exit guard: 1 allreduce, 2 broadcast, 3 allgather, 4 barrier, 5 other
+    const char* call;  // names it in errors and in the watchdog's message
+    MPI_Comm comm;
+    const std::int64_t* sig = nullptr;  // nsig values every rank must have passed alike
+    int nsig = 0;
+    std::function<std::string(const std::int64_t*)> describe;  // one rank's sig, in a mismatch
+    bool check = false;  // the agreement round (also run when mpiml::check_enabled())
+    double timeout = 0;  // seconds; 0: mpiml::timeout()
+    std::string where;   // appended to the watchdog's message
+};
+
+/// RAII around a door's collective, on the thread that runs it: its sequence
+/// number, exit-guard mark, watchdog slot and (when checking) the one
+/// agreement round, through the same code as the core's collectives. Core
+/// calls inside it on the same thread and communicator add none of these.
+class DoorScope {
 public:
-    ExitMark(int kind, MPI_Comm comm, std::uint64_t seq, const char* call = "mpiml c10d");
-    ~ExitMark();
-    ExitMark(const ExitMark&) = delete;
-    ExitMark& operator=(const ExitMark&) = delete;
+    explicit DoorScope(const DoorCall& call);
+    ~DoorScope();
+    DoorScope(const DoorScope&) = delete;
+    DoorScope& operator=(const DoorScope&) = delete;
 
 private:
+    friend class CollectiveScope;
+    MPI_Comm comm_;
+    const DoorScope* outer_;
+    std::uint64_t seq_ = 0;
+    std::uint64_t watch_ = 0;
+    std::int64_t t0_ = 0;
+    std::int64_t check_ns_ = -1;
     bool marked_ = false;
     std::uint64_t history_ = 0;
 };
+
+/// A door's wait outside a collective (a posted send or receive), watched
+/// like a collective: past timeout (0: mpiml::timeout()) the job ends with
+/// "watchdog: <call> waited ... s, past the timeout of ... s<where>".
+class DoorWatch {
+public:
+    DoorWatch(std::string call, double timeout, std::string where);
+    ~DoorWatch();
+    DoorWatch(const DoorWatch&) = delete;
+    DoorWatch& operator=(const DoorWatch&) = delete;
+
+private:
+    std::uint64_t id_ = 0;
+};
+
+/// Agreement rounds run by this process so far (each a small allreduce): one
+/// per checked collective, whichever door issued it.
+std::uint64_t agreement_rounds();
+
 /// The MPI_Op mpiml hands to MPI for type: op.native(), or mpiml's own
 /// implementation for an integer sum/prod/min/max that this MPI library
 /// computes wrongly (probed once per process with MPI_Reduce_local).

@@ -14,7 +14,6 @@ KeyboardInterrupt counts as an exception: Ctrl-C ends every rank.
 """
 import atexit
 import functools
-import os
 import sys
 import threading
 
@@ -197,8 +196,15 @@ class region:
         return wrapper
 
 
+def _profile_requested():
+    try:
+        return _core._env_profile_requested()
+    except RuntimeError:  # a malformed variable: reported when MPI starts
+        return False
+
+
 install_excepthooks()
-if os.environ.get("MPIML_PROFILE") and not _pyprofile.running():
+if _profile_requested() and not _pyprofile.running():
     _pyprofile.start()
     atexit.register(_profile_stop_at_exit)
 # Reports show Python stacks until the interpreter starts to go away (atexit

@@ -1,21 +1,20 @@
-// mpiml._c10d: the torch.distributed backend "mpiml", a c10d::ProcessGroup on
-// mpiml's core (allreduce, broadcast, allgather, barrier: shared-memory path,
-// fixed reduction order) and plain MPI for the rest (gather, scatter,
-// alltoall, send/recv). One worker thread per group runs the operations in
-// issue order (a spare takes over while it is held up in a future's
-// callbacks); a watchdog thread ends the job when one outlives the timeout.
+// mpiml._c10d: the torch.distributed backend "mpiml" (c10d.hpp), a
+// c10d::ProcessGroup on mpiml's core: allreduce, broadcast, allgather and
+// barrier run the core's collectives (shared-memory path, fixed reduction
+// order), the rest plain MPI (gather, scatter, alltoall, send/recv). Each
+// operation is checked here, then runs as a lambda on the group's worker
+// queue inside the core's scope for it: one agreement round, the core's
+// watchdog, the exit guard.
+#include "c10d.hpp"
+
 #include <mpiml/collectives.hpp>
 #include <mpiml/error.hpp>
 #include <mpiml/failure.hpp>
 #include <mpiml/profile.hpp>
 #include <mpiml/session.hpp>
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/Types.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/utils/pybind.h>
 
-#include <ATen/ATen.h>
 #include <ATen/ThreadLocalState.h>
 #include <ATen/record_function.h>
 
@@ -23,25 +22,12 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <deque>
 #include <functional>
-#include <map>
 #include <mutex>
-#include <optional>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <vector>
-
-#include <sched.h>
-#include <sys/prctl.h>
-
-namespace mpiml::detail {
-void report_on_hang(const std::string& why);  // src/report.hpp (libmpiml, not installed)
-}
 
 namespace py = pybind11;
 
@@ -215,256 +201,110 @@ struct Contig {
     char* data() const { return static_cast<char*>(buf.data_ptr()); }
 };
 
-// ------------------------------------------------------------------- work
 
-class MpimlWork : public c10d::Work {
-public:
-    // title: the profiler's name of the op ("mpiml:all_reduce"); inputs: the
-    // tensors whose shapes the profiler records.
-    MpimlWork(OpType type, std::vector<at::Tensor> outputs, const char* title,
-              const std::vector<at::Tensor>& inputs)
-        : c10d::Work(-1, type),
-          outputs_(std::move(outputs)),
-          future_(c10::make_intrusive<c10::ivalue::Future>(
-              c10::ListType::create(c10::TensorType::get()))) {
-        if (title) record_profile(title, inputs);
-    }
-
-    // The runner, as the op starts: opens its profiler event (Work::finish
-    // closes it). The event is async, as Gloo's: started on the runner
-    // thread, ended on whichever completes the Work.
-    void profile_start() {
-        if (profile_start_) {
-            profile_start_();
-            profile_start_ = nullptr;
-        }
-    }
-
-    std::vector<at::Tensor> result() override { return outputs_; }
-    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-    int sourceRank() const override { return source_.load(); }
-
-    void complete(std::exception_ptr e) {
-        // The profiler event ends before anyone can see the op done (DDP
-        // waits on the future): a profiler stopped right after still has it.
-        {
-            std::lock_guard lock(mutex_);
-            if (recordFunctionEndCallback_) {
-                recordFunctionEndCallback_();
-                recordFunctionEndCallback_ = nullptr;
-            }
-        }
-        // The future first: wait() returning means the future is done too.
-        if (e) {
-            future_->setError(e);
-            finish(e);
-        } else {
-            future_->markCompleted(c10::IValue(outputs_));
-            finish();
-        }
-    }
-    void set_source(int r) { source_.store(r); }
-
-private:
-    // As ProcessGroupGloo's AsyncWork: only when a profiler (or another
-    // RecordFunction callback) is on in the issuing thread, whose thread-local
-    // state the runner takes on around the event's start and end.
-    void record_profile(const char* title, const std::vector<at::Tensor>& inputs) {
-        auto callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE);
-        if (!callbacks) return;
-        auto rf = std::make_shared<at::RecordFunction>(std::move(*callbacks));
-        profile_start_ = at::wrapPropagateTLSState([rf, title, inputs] {
-            rf->_setAsync();
-            std::vector<c10::IValue> args(inputs.begin(), inputs.end());
-            rf->before(title, c10::ArrayRef<const c10::IValue>(args.data(), args.size()));
-        });
-        recordFunctionEndCallback_ = at::wrapPropagateTLSState([rf] { rf->end(); });
-    }
-
-    std::function<void()> profile_start_;
-    std::vector<at::Tensor> outputs_;
-    c10::intrusive_ptr<c10::ivalue::Future> future_;
-    std::atomic<int> source_{-1};
-};
-
-// ------------------------------------------------------------ the group
+// --------------------------------------------------------------- the group
 
 std::atomic<bool> g_check_default{true};
 std::atomic<bool> g_exiting{false};
 
-// The exit guard's kind of a c10d operation (mpiml::detail::ExitMark).
-int exit_kind(std::int64_t op) {
-    switch (static_cast<c10d::OpType>(op)) {
-        case c10d::OpType::ALLREDUCE:
-        case c10d::OpType::ALLREDUCE_COALESCED: return 1;
-        case c10d::OpType::BROADCAST: return 2;
-        case c10d::OpType::ALLGATHER:
-        case c10d::OpType::_ALLGATHER_BASE:
-        case c10d::OpType::ALLGATHER_COALESCED: return 3;
-        case c10d::OpType::BARRIER: return 4;
+// The exit guard's kind of a c10d operation (mpiml::detail::DoorCall).
+int exit_kind(OpType op) {
+    switch (op) {
+        case OpType::ALLREDUCE:
+        case OpType::ALLREDUCE_COALESCED: return 1;
+        case OpType::BROADCAST: return 2;
+        case OpType::ALLGATHER:
+        case OpType::_ALLGATHER_BASE:
+        case OpType::ALLGATHER_COALESCED: return 3;
+        case OpType::BARRIER: return 4;
         default: return 5;
     }
 }
 
-class ProcessGroupMpiml;
+// One rank's signature (ProcessGroupMpiml::Sig) in a mismatch message.
+std::string describe_sig(const std::int64_t* s) {
+    const auto type = static_cast<OpType>(s[0]);
+    std::string t = c10d::opTypeToString(type) + "(";
+    if (s[1] >= 0) t += "count=" + std::to_string(s[1]) + ", ";
+    if (s[2] >= 0) t += "dtype=" + std::string(c10::toString(static_cast<at::ScalarType>(s[2]))) + ", ";
+    if (s[3] >= 0) {
+        switch (type) {
+            case OpType::BROADCAST: case OpType::GATHER: case OpType::SCATTER:
+                t += "root=" + std::to_string(s[3]);
+                break;
+            case OpType::REDUCE:
+                t += std::string("op=") + op_name(static_cast<RedOp>(s[3] / 65536)) +
+                     ", root=" + std::to_string(s[3] % 65536);
+                break;
+            default:
+                t += std::string("op=") + op_name(static_cast<RedOp>(s[3]));
+        }
+    }
+    if (t.ends_with(", ")) t.resize(t.size() - 2);
+    return t + ")";
+}
+
 // Live groups, so that exit can drain their workers before MPI_Finalize.
 std::mutex g_groups_mutex;
 std::vector<ProcessGroupMpiml*> g_groups;
-// The group whose Works this thread is completing (running their callbacks).
-thread_local const ProcessGroupMpiml* t_completing = nullptr;
 
-// A signature every rank of a collective must agree on (kind, element
-// size/count, dtype, op or root); -1 entries are not compared.
-struct Sig {
-    std::int64_t v[4] = {-1, -1, -1, -1};
-};
+}  // namespace
 
-class ProcessGroupMpiml : public c10d::ProcessGroup {
-public:
-    ProcessGroupMpiml(int rank, int size, double timeout_s, std::vector<int64_t> global_ranks,
-                      std::string group_id);
-    ~ProcessGroupMpiml() override {
-        shutdown();
-        std::lock_guard lock(g_groups_mutex);
-        std::erase(g_groups, this);
+// -------------------------------------------------------------------- work
+
+MpimlWork::MpimlWork(OpType type, std::vector<at::Tensor> outputs, const char* title,
+                     const std::vector<at::Tensor>& inputs)
+    : c10d::Work(-1, type),
+      outputs_(std::move(outputs)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+    if (title) record_profile(title, inputs);
+}
+
+void MpimlWork::profile_start() {
+    if (profile_start_) {
+        profile_start_();
+        profile_start_ = nullptr;
     }
+}
 
-    const std::string getBackendName() const override { return "mpiml"; }
+void MpimlWork::complete(std::exception_ptr e) {
+    // The profiler event ends before anyone can see the op done (DDP waits on
+    // the future): a profiler stopped right after still has it.
+    {
+        std::lock_guard lock(mutex_);
+        if (recordFunctionEndCallback_) {
+            recordFunctionEndCallback_();
+            recordFunctionEndCallback_ = nullptr;
+        }
+    }
+    // The future first: wait() returning means the future is done too.
+    if (e) {
+        future_->setError(e);
+        finish(e);
+    } else {
+        future_->markCompleted(c10::IValue(outputs_));
+        finish();
+    }
+}
 
-    c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
-                                             const c10d::BroadcastOptions& opts) override;
-    c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
-                                             const c10d::AllreduceOptions& opts) override;
-    c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
-        std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
-    c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
-                                          const c10d::ReduceOptions& opts) override;
-    c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                             std::vector<at::Tensor>& inputs,
-                                             const c10d::AllgatherOptions& opts) override;
-    c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                   const c10d::AllgatherOptions& opts) override;
-    c10::intrusive_ptr<c10d::Work> allgather_coalesced(
-        std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-        const c10d::AllgatherOptions& opts) override;
-    c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                          std::vector<at::Tensor>& inputs,
-                                          const c10d::GatherOptions& opts) override;
-    c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                           std::vector<std::vector<at::Tensor>>& inputs,
-                                           const c10d::ScatterOptions& opts) override;
-    c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
-                                                  std::vector<std::vector<at::Tensor>>& inputs,
-                                                  const c10d::ReduceScatterOptions& opts) override;
-    c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
-        at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
-    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                                 std::vector<int64_t>& output_splits,
-                                                 std::vector<int64_t>& input_splits,
-                                                 const c10d::AllToAllOptions& opts) override;
-    c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
-                                            std::vector<at::Tensor>& inputs,
-                                            const c10d::AllToAllOptions& opts) override;
-    c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
-                                        int tag) override;
-    c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
-                                        int tag) override;
-    c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
-                                                 int tag) override;
-    c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+// As ProcessGroupGloo's AsyncWork: only when a profiler (or another
+// RecordFunction callback) is on in the issuing thread, whose thread-local
+// state the runner takes on around the event's start and end.
+void MpimlWork::record_profile(const char* title, const std::vector<at::Tensor>& inputs) {
+    auto callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE);
+    if (!callbacks) return;
+    auto rf = std::make_shared<at::RecordFunction>(std::move(*callbacks));
+    profile_start_ = at::wrapPropagateTLSState([rf, title, inputs] {
+        rf->_setAsync();
+        std::vector<c10::IValue> args(inputs.begin(), inputs.end());
+        rf->before(title, c10::ArrayRef<const c10::IValue>(args.data(), args.size()));
+    });
+    recordFunctionEndCallback_ = at::wrapPropagateTLSState([rf] { rf->end(); });
+}
 
-    void shutdown();
-    double timeout_seconds() const { return timeout_s_; }
-    bool check_enabled() const { return check_.load(); }
-    void set_check(bool on) { check_.store(on); }
-    MPI_Comm comm() const { return comm_; }
+// --------------------------------------------------------------- the group
 
-private:
-    // An operation for the runner. A p2p op posts its request and returns
-    // it; the runner completes the Work when the request completes.
-    struct Entry {
-        std::string name;
-        std::function<MPI_Request(MpimlWork&)> run;
-        c10::intrusive_ptr<MpimlWork> work;
-        Sig sig;
-        bool collective = true;
-    };
-    struct Pending {
-        MPI_Request req;
-        c10::intrusive_ptr<MpimlWork> work;
-        std::function<void()> done;  // copies back a receive buffer
-        std::string name;
-        Clock::time_point start;
-        bool any_source;
-    };
-
-    // title and inputs: the op's profiler event (MpimlWork).
-    c10::intrusive_ptr<c10d::Work> enqueue(std::string name, OpType type, const char* title,
-                                           const std::vector<at::Tensor>& inputs,
-                                           std::vector<at::Tensor> outputs, Sig sig,
-                                           std::function<MPI_Request(MpimlWork&)> run,
-                                           bool collective = true);
-    // A Work to complete, with its error if any.
-    struct Done {
-        c10::intrusive_ptr<MpimlWork> work;
-        std::exception_ptr ep;
-    };
-
-    void loop(bool runner);
-    bool complete_all(std::vector<Done>& done, std::unique_lock<std::mutex>& lock);
-    bool hand_off_locked();
-    void watchdog_loop();
-    void verify(const Entry& e);
-    // verify's wait: polls before yielding, and how long it yields before napping.
-    static constexpr int kSpinPolls = 200;
-    static constexpr auto kYieldTime = std::chrono::microseconds(500);
-    void poll_pending(bool block_briefly, std::vector<Done>& done);
-    void cancel_pending(std::vector<Done>& done);
-    int check_root(const std::string& call, int64_t root) const;
-    c10::intrusive_ptr<c10d::Work> p2p(std::vector<at::Tensor>& tensors, int peer, int tag,
-                                       bool is_send, bool any_source);
-    void reduce_inplace(at::Tensor& contig, RedOp op, const std::string& call);
-
-    MPI_Comm comm_ = MPI_COMM_NULL;
-    std::string group_id_;
-    std::string ranks_text_;
-    double timeout_s_ = 0;
-    std::atomic<bool> check_{true};  // set from Python, read by the runner
-
-    // Threads: one at a time holds the runner role: it runs the queue in
-    // issue order, polls pending_ and completes the Works. Completing a Work
-    // runs its future's callbacks (then(), DDP comm hooks) on that thread,
-    // and a callback may block: PowerSGD's issue a collective on this group
-    // and wait for it, which would wait behind them in the queue. So the role is given up around the callbacks; a
-    // collective issued from inside them, or work left waiting past a
-    // watchdog tick, hands it to a spare thread (started on first need), and
-    // the thread back from its callbacks becomes a spare if the role was taken.
-    std::mutex m_;
-    std::condition_variable cv_;        // the runner: work queued, or stop
-    std::condition_variable spare_cv_;  // spares: the role is free and work waits
-    std::deque<Entry> queue_;
-    bool stop_ = false;
-    bool runner_ = true;        // some thread holds the runner role
-    int idle_spares_ = 0;       // spares waiting on spare_cv_ (or starting)
-    std::uint64_t releases_ = 0;  // times the role was given up for callbacks
-    bool closed_ = false;       // shutdown joined every thread: start no more
-    std::vector<std::thread> threads_;
-
-    std::vector<Pending> pending_;  // the runner only
-
-    // The operation in flight, for the watchdog.
-    std::mutex wm_;
-    std::condition_variable wcv_;
-    bool wstop_ = false;
-    bool busy_ = false;
-    std::string current_;
-    Clock::time_point started_;
-    std::uint64_t seq_ = 0;
-    std::size_t npending_ = 0;
-    Clock::time_point oldest_pending_;
-    std::string oldest_pending_name_;
-    std::thread watchdog_;
-};
+void set_check_default(bool on) { g_check_default.store(on); }
 
 void ensure_mpi() {
     if (!mpiml::is_initialized()) {
@@ -492,6 +332,7 @@ ProcessGroupMpiml::ProcessGroupMpiml(int rank, int size, double timeout_s,
                                      std::vector<int64_t> global_ranks, std::string group_id)
     : c10d::ProcessGroup(rank, size), group_id_(std::move(group_id)) {
     ensure_mpi();
+    std::string ranks_text;
     int wrank = 0, wsize = 0;
     check(MPI_Comm_rank(MPI_COMM_WORLD, &wrank), "init");
     check(MPI_Comm_size(MPI_COMM_WORLD, &wsize), "init");
@@ -503,7 +344,7 @@ ProcessGroupMpiml::ProcessGroupMpiml(int rank, int size, double timeout_s,
                              "; launch with mpirun -n WORLD_SIZE and take RANK/WORLD_SIZE from MPI "
                              "(mpiml.torch.init_process_group does)");
         check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "init (MPI_Comm_dup)");
-        ranks_text_ = "all " + std::to_string(size) + " ranks";
+        ranks_text = "all " + std::to_string(size) + " ranks";
     } else {
         if (static_cast<int>(global_ranks.size()) != size)
             fail("init", "group of " + std::to_string(size) + " ranks but " +
@@ -514,12 +355,12 @@ ProcessGroupMpiml::ProcessGroupMpiml(int rank, int size, double timeout_s,
                 fail("init", "global rank " + std::to_string(r) + " is outside MPI_COMM_WORLD (" +
                                  std::to_string(wsize) + " ranks)");
             ranks.push_back(static_cast<int>(r));
-            ranks_text_ += (ranks_text_.empty() ? "ranks " : ",") + std::to_string(r);
+            ranks_text += (ranks_text.empty() ? "ranks " : ",") + std::to_string(r);
         }
         if (rank < 0 || rank >= size || ranks[rank] != wrank)
             fail("init", "this process is MPI rank " + std::to_string(wrank) +
                              " but torch.distributed placed it at group rank " +
-                             std::to_string(rank) + " of " + ranks_text_ +
+                             std::to_string(rank) + " of " + ranks_text +
                              "; the default group's ranks must be MPI_COMM_WORLD's");
         MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
         check(MPI_Comm_group(MPI_COMM_WORLD, &world_group), "init (MPI_Comm_group)");
@@ -541,11 +382,18 @@ ProcessGroupMpiml::ProcessGroupMpiml(int rank, int size, double timeout_s,
     if (env > 0 && (timeout_s_ <= 0 || env < timeout_s_)) timeout_s_ = env;
     check_ = g_check_default.load();
     if (const auto v = mpiml::detail::env_c10d_check()) check_ = *v;
+    where_ = " (group " + group_id_ + ": " + ranks_text + "; this is group rank " +
+             std::to_string(rank_) + "); a rank of the group did not arrive or failed";
 
-    threads_.emplace_back([this] { loop(/*runner=*/true); });
-    watchdog_ = std::thread([this] { watchdog_loop(); });
+    queue_ = std::make_unique<WorkerQueue>("mpiml c10d ");
     std::lock_guard lock(g_groups_mutex);
     g_groups.push_back(this);
+}
+
+ProcessGroupMpiml::~ProcessGroupMpiml() {
+    shutdown();
+    std::lock_guard lock(g_groups_mutex);
+    std::erase(g_groups, this);
 }
 
 // Python exit: finish every group's queued work and stop its threads. MPI is
@@ -562,32 +410,8 @@ void at_exit() {
 }
 
 void ProcessGroupMpiml::shutdown() {
-    {
-        std::lock_guard lock(m_);
-        if (stop_) return;
-        stop_ = true;
-    }
-    cv_.notify_all();
-    spare_cv_.notify_all();
-    // A thread may start while others drain: join until none is left.
-    for (;;) {
-        std::vector<std::thread> ts;
-        {
-            std::lock_guard lock(m_);
-            ts.swap(threads_);
-            if (ts.empty()) {
-                closed_ = true;
-                break;
-            }
-        }
-        for (auto& t : ts) t.join();
-    }
-    {
-        std::lock_guard lock(wm_);
-        wstop_ = true;
-    }
-    wcv_.notify_all();
-    if (watchdog_.joinable()) watchdog_.join();
+    if (!queue_) return;
+    queue_->shutdown();
     // Not at exit: freeing a communicator can be collective (its shared-memory
     // segment), and a peer may never come; MPI_Finalize, after the exit
     // guard, releases it.
@@ -604,277 +428,25 @@ int ProcessGroupMpiml::check_root(const std::string& call, int64_t root) const {
     return static_cast<int>(root);
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::enqueue(
-    std::string name, OpType type, const char* title, const std::vector<at::Tensor>& inputs,
-    std::vector<at::Tensor> outputs, Sig sig, std::function<MPI_Request(MpimlWork&)> run,
-    bool collective) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::collective(
+    const std::string& name, OpType type, const char* title, const std::vector<at::Tensor>& inputs,
+    std::vector<at::Tensor> outputs, Sig sig, std::function<void()> body) {
     auto work = c10::make_intrusive<MpimlWork>(type, std::move(outputs), title, inputs);
-    {
-        std::lock_guard lock(m_);
-        if (stop_) fail(name, "the process group has been shut down");
-        queue_.push_back(Entry{std::move(name), std::move(run), work, sig, collective});
-        if (!runner_) {
-            // The runner is in callbacks. Issued from one of them (this
-            // thread), the op would wait behind the callback that waits for it.
-            if (t_completing == this && !hand_off_locked()) {
-                const std::string n = std::move(queue_.back().name);
-                queue_.pop_back();
-                fail(n, "issued from a future's callback, it needs a spare thread, which could "
-                        "not be started");
-            }
-            return work;
-        }
-    }
-    cv_.notify_one();
+    // The profiler keeps the call's name past the call: a name that lives on.
+    const char* call = mpiml::detail::profile_intern("mpiml c10d " + name);
+    queue_->push(WorkerQueue::Op{
+        name,
+        [this, work, call, type, sig, body = std::move(body)] {
+            work->profile_start();
+            mpiml::detail::DoorScope scope({exit_kind(type), call, comm_, sig.data(),
+                                            static_cast<int>(sig.size()), describe_sig,
+                                            size_ > 1 && check_.load(std::memory_order_relaxed),
+                                            timeout_s_, where_});
+            body();
+            return WorkerQueue::Posted{};
+        },
+        [work](std::exception_ptr e) { work->complete(e); }});
     return work;
-}
-
-// With m_ held: wakes a spare to take the free runner role, or starts one.
-// False if a thread could not be started.
-bool ProcessGroupMpiml::hand_off_locked() {
-    if (idle_spares_ > 0) {
-        spare_cv_.notify_one();
-    } else if (!closed_) {
-        ++idle_spares_;  // counted from its start, so that it is started once
-        try {
-            threads_.emplace_back([this] { loop(/*runner=*/false); });
-        } catch (const std::system_error&) {
-            --idle_spares_;
-            return false;
-        }
-    }
-    return true;
-}
-
-// Every rank agrees on the call's signature first, so that a mismatch (size,
-// dtype, op, root) is an error on every rank instead of a hang or a wrong result.
-void ProcessGroupMpiml::verify(const Entry& e) {
-    std::int64_t buf[8];
-    for (int i = 0; i < 4; ++i) {
-        buf[i] = e.sig.v[i];
-        buf[4 + i] = -e.sig.v[i];
-    }
-    // Non-blocking and polled: a rank that is ahead (say, its backward pass
-    // finished first) spins briefly, then yields for kYieldTime (the core
-    // goes to this process's backward pass or another rank when one is
-    // runnable, else the poll goes on at once), then naps. Once all have
-    // arrived, the collective itself runs with everyone present.
-    MPI_Request req = MPI_REQUEST_NULL;
-    check(MPI_Iallreduce(MPI_IN_PLACE, buf, 8, MPI_INT64_T, MPI_MAX, comm_, &req), e.name);
-    int done = 0;
-    auto nap = std::chrono::microseconds(10);
-    Clock::time_point yielding;
-    for (int polls = 0;; ++polls) {
-        check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), e.name);
-        if (done) break;
-        if (polls < kSpinPolls) continue;
-        if (polls == kSpinPolls) yielding = Clock::now();
-        if (Clock::now() - yielding < kYieldTime) {
-            sched_yield();
-        } else {
-            std::this_thread::sleep_for(nap);
-            nap = std::min(nap * 2, std::chrono::microseconds(200));
-        }
-    }
-    bool same = true;
-    for (int i = 0; i < 4; ++i) same = same && buf[i] == -buf[4 + i];
-    if (same) return;
-    std::vector<std::int64_t> all(4 * static_cast<std::size_t>(size_));
-    check(MPI_Allgather(e.sig.v, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, comm_), e.name);
-    std::map<std::vector<std::int64_t>, std::vector<int>> groups;
-    for (int r = 0; r < size_; ++r)
-        groups[std::vector<std::int64_t>(all.begin() + 4 * r, all.begin() + 4 * r + 4)].push_back(r);
-    std::string text = "ranks of group " + group_id_ + " disagree on the call: ";
-    bool first = true;
-    for (const auto& [s, ranks] : groups) {
-        text += first ? "" : "; ";
-        first = false;
-        text += ranks.size() == 1 ? "rank " : "ranks ";
-        for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? "," : "") + std::to_string(ranks[i]);
-        text += " called " + c10d::opTypeToString(static_cast<OpType>(s[0]));
-        if (s[1] >= 0) text += " of " + std::to_string(s[1]) + " elements";
-        if (s[2] >= 0) text += ", dtype " + std::string(c10::toString(static_cast<at::ScalarType>(s[2])));
-        if (s[3] >= 0) text += ", op/root " + std::to_string(s[3]);
-    }
-    fail(e.name, text + " (this rank is group rank " + std::to_string(rank_) + ")");
-}
-
-// Collects the finished requests' Works into done (completed by complete_all,
-// after this thread is done with pending_).
-void ProcessGroupMpiml::poll_pending(bool block_briefly, std::vector<Done>& done) {
-    if (pending_.empty()) return;
-    for (std::size_t i = 0; i < pending_.size();) {
-        int flag = 0;
-        MPI_Status st;
-        auto& p = pending_[i];
-        const int rc = MPI_Test(&p.req, &flag, &st);
-        if (rc != MPI_SUCCESS || flag) {
-            std::exception_ptr ep;
-            try {
-                check(rc, p.name);
-                if (p.any_source) p.work->set_source(st.MPI_SOURCE);
-                if (p.done) p.done();
-            } catch (...) {
-                ep = std::current_exception();
-            }
-            done.push_back(Done{p.work, ep});
-            pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-            continue;
-        }
-        ++i;
-    }
-    {
-        std::lock_guard lock(wm_);
-        npending_ = pending_.size();
-        if (!pending_.empty()) {
-            oldest_pending_ = pending_.front().start;
-            oldest_pending_name_ = pending_.front().name;
-        }
-    }
-    if (block_briefly && !pending_.empty()) std::this_thread::sleep_for(std::chrono::microseconds(20));
-}
-
-// At shutdown: sends and receives that never matched end with an error.
-void ProcessGroupMpiml::cancel_pending(std::vector<Done>& done) {
-    for (auto& p : pending_) {
-        MPI_Cancel(&p.req);
-        MPI_Request_free(&p.req);
-        try {
-            fail(p.name, "the process group was shut down before it completed");
-        } catch (...) {
-            done.push_back(Done{p.work, std::current_exception()});
-        }
-    }
-    pending_.clear();
-}
-
-void ProcessGroupMpiml::loop(bool runner) {
-    // The runner's naps are 10-200 us; Linux's default timer slack (50 us)
-    // would add most of that again to each.
-    prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
-    std::vector<Done> done;
-    std::unique_lock lock(m_);
-    for (;;) {
-        if (!runner) {
-            // A spare: takes the role when it is free and work waits (or at stop).
-            spare_cv_.wait(lock, [&] {
-                return !runner_ && (stop_ || !queue_.empty() || !pending_.empty());
-            });
-            --idle_spares_;
-            runner_ = runner = true;
-        }
-        if (pending_.empty()) cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) {
-            if (stop_ && pending_.empty()) {
-                // Drained: the spares take the role in turn, find the same and end.
-                runner_ = false;
-                spare_cv_.notify_all();
-                return;
-            }
-            lock.unlock();
-            if (stop_)
-                cancel_pending(done);
-            else
-                poll_pending(true, done);
-        } else {
-            Entry e = std::move(queue_.front());
-            queue_.pop_front();
-            lock.unlock();
-            {
-                std::lock_guard wl(wm_);
-                busy_ = true;
-                current_ = e.name;
-                started_ = Clock::now();
-                ++seq_;
-            }
-            std::exception_ptr ep;
-            MPI_Request req = MPI_REQUEST_NULL;
-            e.work->profile_start();
-            try {
-                // The agreement round runs outside the core: mark it for the exit guard.
-                std::optional<mpiml::detail::ExitMark> mark;
-                if (e.collective && size_ > 1)
-                    mark.emplace(exit_kind(e.sig.v[0]), comm_, seq_,
-                                 mpiml::detail::profile_intern("mpiml c10d " + e.name));
-                if (e.collective && check_.load(std::memory_order_relaxed) && size_ > 1) verify(e);
-                req = e.run(*e.work);
-            } catch (...) {
-                ep = std::current_exception();
-            }
-            {
-                std::lock_guard wl(wm_);
-                busy_ = false;
-            }
-            if (ep || req == MPI_REQUEST_NULL) done.push_back(Done{std::move(e.work), ep});
-            poll_pending(false, done);
-        }
-        runner = complete_all(done, lock);
-    }
-}
-
-// Completes the Works in done (lock unlocked; returns it locked). Their
-// futures' callbacks run here with the runner role given up. Returns whether
-// this thread holds the role again; if a spare took it, this one is a spare.
-bool ProcessGroupMpiml::complete_all(std::vector<Done>& done, std::unique_lock<std::mutex>& lock) {
-    if (done.empty()) {
-        lock.lock();
-        return true;
-    }
-    lock.lock();
-    runner_ = false;
-    ++releases_;
-    lock.unlock();
-    const ProcessGroupMpiml* outer = t_completing;
-    t_completing = this;
-    for (auto& d : done) d.work->complete(d.ep);
-    t_completing = outer;
-    done.clear();
-    lock.lock();
-    if (runner_) {
-        ++idle_spares_;
-        return false;
-    }
-    runner_ = true;
-    return true;
-}
-
-void ProcessGroupMpiml::watchdog_loop() {
-    std::uint64_t stuck_release = UINT64_MAX;
-    std::unique_lock lock(wm_);  // lock order: wm_, then m_
-    while (!wstop_) {
-        wcv_.wait_for(lock, std::chrono::milliseconds(100));
-        if (wstop_) continue;
-        {
-            // The role given up for callbacks that have not returned for a
-            // tick while work waits (say, a callback waits for an op issued
-            // before it ran): a spare takes over.
-            std::lock_guard ml(m_);
-            const bool stuck = !runner_ && (!queue_.empty() || !pending_.empty());
-            if (stuck && releases_ == stuck_release) hand_off_locked();
-            stuck_release = stuck ? releases_ : UINT64_MAX;
-        }
-        if (timeout_s_ <= 0) continue;
-        const auto now = Clock::now();
-        std::string what;
-        double waited = 0;
-        if (busy_) {
-            waited = std::chrono::duration<double>(now - started_).count();
-            if (waited >= timeout_s_) what = current_;
-        }
-        if (what.empty() && npending_ > 0) {
-            waited = std::chrono::duration<double>(now - oldest_pending_).count();
-            if (waited >= timeout_s_) what = oldest_pending_name_;
-        }
-        if (what.empty()) continue;
-        char head[200];
-        std::snprintf(head, sizeof head, " waited %.1f s, past the timeout of %g s", waited,
-                      timeout_s_);
-        const std::string line = "watchdog: mpiml c10d " + what + head + " (group " + group_id_ +
-                                 ": " + ranks_text_ + "; this is group rank " +
-                                 std::to_string(rank_) + "); a rank of the group did not arrive or failed";
-        mpiml::detail::report_on_hang(line);
-        mpiml::abort_job(line);
-    }
 }
 
 // In place: contig (contiguous) becomes op over the group's ranks.
@@ -884,7 +456,6 @@ void ProcessGroupMpiml::reduce_inplace(at::Tensor& contig, RedOp op, const std::
     at::Tensor work = rdt == dt ? contig : contig.to(rdt);
     at::Tensor view = dt == at::kBool ? work.view(at::kByte) : work;
     const auto [type, cls] = mpi_type(dt == at::kBool ? at::kBool : rdt);
-    // The profiler keeps the call's name past the call: a name that lives on.
     const char* c = mpiml::detail::profile_intern("mpiml c10d " + call);
     mpiml::detail::allreduce(MPI_IN_PLACE, view.data_ptr(), static_cast<std::size_t>(view.numel()),
                              type, cls, mpiml_op(op, dt), comm_, c);
@@ -906,14 +477,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::broadcast(std::vector<at::Tens
     const int root = check_root(c, opts.rootRank);
     if (opts.rootTensor != 0) fail(c, "rootTensor must be 0 (one tensor per rank)");
     at::Tensor t = tensors[0];
-    Sig sig{{static_cast<int64_t>(OpType::BROADCAST), t.numel(), dtype_id(t.scalar_type()), root}};
-    return enqueue(c, OpType::BROADCAST, "mpiml:broadcast", tensors, tensors, sig,
-                   [this, t, root](MpimlWork&) {
+    const Sig sig{{static_cast<int64_t>(OpType::BROADCAST), t.numel(), dtype_id(t.scalar_type()), root}};
+    return collective(c, OpType::BROADCAST, "mpiml:broadcast", tensors, tensors, sig,
+                   [this, t, root] {
                        Contig b(t);
                        mpiml::detail::broadcast(b.data(), nbytes(b.buf), MPI_BYTE, root, comm_,
                                                 "mpiml c10d broadcast");
                        if (rank_ != root) b.finish();
-                       return MPI_REQUEST_NULL;
                    });
 }
 
@@ -924,13 +494,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::allreduce(std::vector<at::Tens
     const RedOp op = opts.reduceOp;
     at::Tensor t = tensors[0];
     check_op_dtype(c, op, t.scalar_type());
-    Sig sig{{static_cast<int64_t>(OpType::ALLREDUCE), t.numel(), dtype_id(t.scalar_type()), op}};
-    return enqueue(c, OpType::ALLREDUCE, "mpiml:all_reduce", tensors, tensors, sig,
-                   [this, t, op, c](MpimlWork&) {
+    const Sig sig{{static_cast<int64_t>(OpType::ALLREDUCE), t.numel(), dtype_id(t.scalar_type()), op}};
+    return collective(c, OpType::ALLREDUCE, "mpiml:all_reduce", tensors, tensors, sig,
+                   [this, t, op, c] {
                        Contig b(t);
                        reduce_inplace(b.buf, op, c);
                        b.finish();
-                       return MPI_REQUEST_NULL;
                    });
 }
 
@@ -948,11 +517,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::allreduce_coalesced(
         total += t.numel();
     }
     check_op_dtype(c, op, tensors[0].scalar_type());
-    Sig sig{{static_cast<int64_t>(OpType::ALLREDUCE_COALESCED), total,
+    const Sig sig{{static_cast<int64_t>(OpType::ALLREDUCE_COALESCED), total,
              dtype_id(tensors[0].scalar_type()), op}};
     std::vector<at::Tensor> ts = tensors;
-    return enqueue(c, OpType::ALLREDUCE_COALESCED, "mpiml:all_reduce", tensors, tensors, sig,
-                   [this, ts, op, c](MpimlWork&) {
+    return collective(c, OpType::ALLREDUCE_COALESCED, "mpiml:all_reduce", tensors, tensors, sig,
+                   [this, ts, op, c] {
                        std::vector<at::Tensor> flat;
                        for (const auto& t : ts) flat.push_back(t.reshape({-1}));
                        at::Tensor buf = at::cat(flat);
@@ -962,7 +531,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::allreduce_coalesced(
                            t.copy_(buf.narrow(0, off, t.numel()).view(t.sizes()));
                            off += t.numel();
                        }
-                       return MPI_REQUEST_NULL;
                    });
 }
 
@@ -974,15 +542,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::reduce(std::vector<at::Tensor>
     const RedOp op = opts.reduceOp;
     at::Tensor t = tensors[0];
     check_op_dtype(c, op, t.scalar_type());
-    Sig sig{{static_cast<int64_t>(OpType::REDUCE), t.numel(), dtype_id(t.scalar_type()),
+    const Sig sig{{static_cast<int64_t>(OpType::REDUCE), t.numel(), dtype_id(t.scalar_type()),
              op * 65536 + root}};
-    return enqueue(c, OpType::REDUCE, "mpiml:reduce", tensors, tensors, sig,
-                   [this, t, op, root, c](MpimlWork&) {
+    return collective(c, OpType::REDUCE, "mpiml:reduce", tensors, tensors, sig,
+                   [this, t, op, root, c] {
                        // An allreduce (fixed order, shared memory); only root keeps it.
                        at::Tensor buf = t.contiguous().clone();
                        reduce_inplace(buf, op, c);
                        if (rank_ == root) t.copy_(buf);
-                       return MPI_REQUEST_NULL;
                    });
 }
 
@@ -998,15 +565,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::allgather(
         fail(c, "output list has " + std::to_string(outs.size()) + " tensors; the group has " +
                     std::to_string(size_) + " ranks");
     for (const auto& o : outs) check_same(c, in, o, "an output tensor");
-    Sig sig{{static_cast<int64_t>(OpType::ALLGATHER), in.numel(), dtype_id(in.scalar_type()), -1}};
-    return enqueue(c, OpType::ALLGATHER, "mpiml:all_gather", inputs, outs, sig,
-                   [this, in, outs](MpimlWork&) {
+    const Sig sig{{static_cast<int64_t>(OpType::ALLGATHER), in.numel(), dtype_id(in.scalar_type()), -1}};
+    return collective(c, OpType::ALLGATHER, "mpiml:all_gather", inputs, outs, sig,
+                   [this, in, outs] {
                        at::Tensor src = in.contiguous();
                        at::Tensor all = at::empty({size_, in.numel()}, in.options());
                        mpiml::detail::allgather(src.data_ptr(), all.data_ptr(), nbytes(src),
                                                 MPI_BYTE, comm_, "mpiml c10d all_gather");
                        for (int r = 0; r < size_; ++r) outs[r].copy_(all[r].view(outs[r].sizes()));
-                       return MPI_REQUEST_NULL;
                    });
 }
 
@@ -1018,18 +584,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::_allgather_base(
     if (output.scalar_type() != input.scalar_type() || output.numel() != input.numel() * size_)
         fail(c, "output " + describe(output) + " must hold " + std::to_string(size_) +
                     " times the input " + describe(input));
-    Sig sig{{static_cast<int64_t>(OpType::_ALLGATHER_BASE), input.numel(),
+    const Sig sig{{static_cast<int64_t>(OpType::_ALLGATHER_BASE), input.numel(),
              dtype_id(input.scalar_type()), -1}};
     at::Tensor in = input, out = output;
-    return enqueue(c, OpType::_ALLGATHER_BASE, "mpiml:all_gather_into_tensor", {input}, {output},
+    return collective(c, OpType::_ALLGATHER_BASE, "mpiml:all_gather_into_tensor", {input}, {output},
                    sig,
-                   [this, in, out](MpimlWork&) {
+                   [this, in, out] {
                        at::Tensor src = in.contiguous();
                        Contig dst(out);
                        mpiml::detail::allgather(src.data_ptr(), dst.data(), nbytes(src), MPI_BYTE,
                                                 comm_, "mpiml c10d all_gather_into_tensor");
                        dst.finish();
-                       return MPI_REQUEST_NULL;
                    });
 }
 
@@ -1050,13 +615,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::allgather_coalesced(
             fail(c, "every output list must have as many tensors as the input list");
         for (std::size_t i = 0; i < list.size(); ++i) check_same(c, inputs[i], list[i], "an output tensor");
     }
-    Sig sig{{static_cast<int64_t>(OpType::ALLGATHER_COALESCED), bytes, -1, -1}};
+    const Sig sig{{static_cast<int64_t>(OpType::ALLGATHER_COALESCED), bytes, -1, -1}};
     std::vector<at::Tensor> flat_out;
     for (const auto& l : outputs) flat_out.insert(flat_out.end(), l.begin(), l.end());
     auto ins = inputs;
     auto outs = outputs;
-    return enqueue(c, OpType::ALLGATHER_COALESCED, "mpiml:all_gather", inputs, flat_out, sig,
-                   [this, ins, outs, bytes](MpimlWork&) {
+    return collective(c, OpType::ALLGATHER_COALESCED, "mpiml:all_gather", inputs, flat_out, sig,
+                   [this, ins, outs, bytes] {
                        std::vector<at::Tensor> parts;
                        for (const auto& t : ins)
                            parts.push_back(t.contiguous().view({-1}).view(at::kByte));
@@ -1073,7 +638,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::allgather_coalesced(
                                off += n;
                            }
                        }
-                       return MPI_REQUEST_NULL;
                    });
 }
 
@@ -1093,9 +657,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::gather(
     } else if (!outputs.empty() && !(outputs.size() == 1 && outputs[0].empty())) {
         fail(c, "only the root rank " + std::to_string(root) + " takes an output list");
     }
-    Sig sig{{static_cast<int64_t>(OpType::GATHER), in.numel(), dtype_id(in.scalar_type()), root}};
-    return enqueue(c, OpType::GATHER, "mpiml:gather", inputs, outs, sig,
-                   [this, in, outs, root](MpimlWork&) {
+    const Sig sig{{static_cast<int64_t>(OpType::GATHER), in.numel(), dtype_id(in.scalar_type()), root}};
+    return collective(c, OpType::GATHER, "mpiml:gather", inputs, outs, sig,
+                   [this, in, outs, root] {
                        at::Tensor src = in.contiguous();
                        const int n = int_count("gather", nbytes(src));
                        at::Tensor all;
@@ -1106,7 +670,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::gather(
                              "gather (MPI_Gather)");
                        if (rank_ == root)
                            for (int r = 0; r < size_; ++r) outs[r].copy_(all[r].view(outs[r].sizes()));
-                       return MPI_REQUEST_NULL;
                    });
 }
 
@@ -1126,9 +689,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::scatter(
     } else if (!inputs.empty() && !(inputs.size() == 1 && inputs[0].empty())) {
         fail(c, "only the root rank " + std::to_string(root) + " takes an input list");
     }
-    Sig sig{{static_cast<int64_t>(OpType::SCATTER), out.numel(), dtype_id(out.scalar_type()), root}};
-    return enqueue(c, OpType::SCATTER, "mpiml:scatter", ins, outputs, sig,
-                   [this, ins, out, root](MpimlWork&) {
+    const Sig sig{{static_cast<int64_t>(OpType::SCATTER), out.numel(), dtype_id(out.scalar_type()), root}};
+    return collective(c, OpType::SCATTER, "mpiml:scatter", ins, outputs, sig,
+                   [this, ins, out, root] {
                        Contig dst(out);
                        const int n = int_count("scatter", nbytes(dst.buf));
                        at::Tensor all;
@@ -1141,7 +704,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::scatter(
                                          dst.data(), n, MPI_BYTE, root, comm_),
                              "scatter (MPI_Scatter)");
                        dst.finish();
-                       return MPI_REQUEST_NULL;
                    });
 }
 
@@ -1157,16 +719,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::reduce_scatter(
     for (const auto& i : ins) check_same(c, out, i, "an input tensor");
     const RedOp op = opts.reduceOp;
     check_op_dtype(c, op, out.scalar_type());
-    Sig sig{{static_cast<int64_t>(OpType::REDUCE_SCATTER), out.numel(), dtype_id(out.scalar_type()), op}};
-    return enqueue(c, OpType::REDUCE_SCATTER, "mpiml:reduce_scatter", ins, outputs, sig,
-                   [this, ins, out, op, c](MpimlWork&) {
+    const Sig sig{{static_cast<int64_t>(OpType::REDUCE_SCATTER), out.numel(), dtype_id(out.scalar_type()), op}};
+    return collective(c, OpType::REDUCE_SCATTER, "mpiml:reduce_scatter", ins, outputs, sig,
+                   [this, ins, out, op, c] {
                        // One allreduce of everything (fixed order); each rank keeps its part.
                        std::vector<at::Tensor> flat;
                        for (const auto& i : ins) flat.push_back(i.reshape({-1}));
                        at::Tensor all = at::cat(flat);
                        reduce_inplace(all, op, c);
                        out.copy_(all.narrow(0, rank_ * out.numel(), out.numel()).view(out.sizes()));
-                       return MPI_REQUEST_NULL;
                    });
 }
 
@@ -1180,16 +741,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::_reduce_scatter_base(
                     " times the output " + describe(output));
     const RedOp op = opts.reduceOp;
     check_op_dtype(c, op, output.scalar_type());
-    Sig sig{{static_cast<int64_t>(OpType::_REDUCE_SCATTER_BASE), output.numel(),
+    const Sig sig{{static_cast<int64_t>(OpType::_REDUCE_SCATTER_BASE), output.numel(),
              dtype_id(output.scalar_type()), op}};
     at::Tensor in = input, out = output;
-    return enqueue(c, OpType::_REDUCE_SCATTER_BASE, "mpiml:reduce_scatter_tensor", {input},
+    return collective(c, OpType::_REDUCE_SCATTER_BASE, "mpiml:reduce_scatter_tensor", {input},
                    {output}, sig,
-                   [this, in, out, op, c](MpimlWork&) {
+                   [this, in, out, op, c] {
                        at::Tensor all = in.contiguous().clone().view({-1});
                        reduce_inplace(all, op, c);
                        out.copy_(all.narrow(0, rank_ * out.numel(), out.numel()).view(out.sizes()));
-                       return MPI_REQUEST_NULL;
                    });
 }
 
@@ -1229,10 +789,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::alltoall_base(
     const auto out_rows = splits(output, output_splits, "output");
     const int64_t in_row_bytes = input.dim() == 0 || input.size(0) == 0 ? 0 : input.nbytes() / input.size(0);
     const int64_t out_row_bytes = output.dim() == 0 || output.size(0) == 0 ? 0 : output.nbytes() / output.size(0);
-    Sig sig{{static_cast<int64_t>(OpType::ALLTOALL_BASE), -1, dtype_id(input.scalar_type()), -1}};
+    const Sig sig{{static_cast<int64_t>(OpType::ALLTOALL_BASE), -1, dtype_id(input.scalar_type()), -1}};
     at::Tensor in = input, out = output;
-    return enqueue(c, OpType::ALLTOALL_BASE, "mpiml:all_to_all", {input}, {output}, sig,
-                   [this, in, out, in_rows, out_rows, in_row_bytes, out_row_bytes, c](MpimlWork&) {
+    return collective(c, OpType::ALLTOALL_BASE, "mpiml:all_to_all", {input}, {output}, sig,
+                   [this, in, out, in_rows, out_rows, in_row_bytes, out_row_bytes, c] {
                        std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
                        std::size_t so = 0, ro = 0;
                        for (int r = 0; r < size_; ++r) {
@@ -1251,7 +811,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::alltoall_base(
                                            rc.data(), rd.data(), MPI_BYTE, comm_),
                              c + " (MPI_Alltoallv)");
                        dst.finish();
-                       return MPI_REQUEST_NULL;
                    });
 }
 
@@ -1270,11 +829,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::alltoall(std::vector<at::Tenso
     }
     for (const auto& t : inputs)
         if (t.scalar_type() != inputs[0].scalar_type()) fail(c, "input tensors differ in dtype");
-    Sig sig{{static_cast<int64_t>(OpType::ALLTOALL), -1, dtype_id(inputs[0].scalar_type()), -1}};
+    const Sig sig{{static_cast<int64_t>(OpType::ALLTOALL), -1, dtype_id(inputs[0].scalar_type()), -1}};
     auto ins = inputs;
     auto outs = outputs;
-    return enqueue(c, OpType::ALLTOALL, "mpiml:all_to_all", inputs, outputs, sig,
-                   [this, ins, outs, c](MpimlWork&) {
+    return collective(c, OpType::ALLTOALL, "mpiml:all_to_all", inputs, outputs, sig,
+                   [this, ins, outs, c] {
                        std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
                        std::size_t so = 0, ro = 0;
                        std::vector<at::Tensor> parts;
@@ -1296,10 +855,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::alltoall(std::vector<at::Tenso
                            outs[r].copy_(recv.narrow(0, rd[r], rc[r])
                                              .view(outs[r].scalar_type())
                                              .view(outs[r].sizes()));
-                       return MPI_REQUEST_NULL;
                    });
 }
 
+// A send or receive: posted in issue order by the worker, which goes on with
+// the queue and completes the Work when MPI completes the request.
 c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::p2p(std::vector<at::Tensor>& tensors, int peer,
                                                       int tag, bool is_send, bool any_source) {
     const std::string c = is_send ? "send" : "recv";
@@ -1319,27 +879,39 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::p2p(std::vector<at::Tensor>& t
                                                                      std::to_string(peer)) +
                              " (tag " + std::to_string(tag) + ", " + describe(t) + ")";
     const OpType type = is_send ? OpType::SEND : any_source ? OpType::RECVANYSOURCE : OpType::RECV;
-    return enqueue(
-        name, type, is_send ? "mpiml:send" : any_source ? "mpiml:recvAnySource" : "mpiml:recv",
-        tensors, tensors, Sig{},
-        [this, t, peer, tag, is_send, any_source, name](MpimlWork& w) {
-            auto b = std::make_shared<Contig>(t);
-            const int n = int_count(name, nbytes(b->buf));
-            MPI_Request req = MPI_REQUEST_NULL;
+    auto work = c10::make_intrusive<MpimlWork>(
+        type, tensors, is_send ? "mpiml:send" : any_source ? "mpiml:recvAnySource" : "mpiml:recv",
+        tensors);
+    queue_->push(WorkerQueue::Op{
+        name,
+        [this, work, t, peer, tag, is_send, any_source, name] {
+            work->profile_start();
+            // The buffer and the watch live until the request completes.
+            struct Hold {
+                Hold(const at::Tensor& t, std::string call, double timeout, std::string where)
+                    : buf(t), watch(std::move(call), timeout, std::move(where)) {}
+                Contig buf;
+                mpiml::detail::DoorWatch watch;
+            };
+            auto h = std::make_shared<Hold>(t, "mpiml c10d " + name, timeout_s_, where_);
+            const int n = int_count(name, nbytes(h->buf.buf));
+            WorkerQueue::Posted p;
             if (is_send)
-                check(MPI_Isend(b->data(), n, MPI_BYTE, peer, tag, comm_, &req), name + " (MPI_Isend)");
+                check(MPI_Isend(h->buf.data(), n, MPI_BYTE, peer, tag, comm_, &p.req), name + " (MPI_Isend)");
             else
-                check(MPI_Irecv(b->data(), n, MPI_BYTE, any_source ? MPI_ANY_SOURCE : peer, tag, comm_,
-                                &req),
+                check(MPI_Irecv(h->buf.data(), n, MPI_BYTE, any_source ? MPI_ANY_SOURCE : peer, tag,
+                                comm_, &p.req),
                       name + " (MPI_Irecv)");
-            std::function<void()> done;
-            if (!is_send) done = [b] { b->finish(); };
-            else done = [b] {};  // keeps a contiguous copy alive until sent
-            pending_.push_back(Pending{req, c10::intrusive_ptr<MpimlWork>::reclaim_copy(&w),
-                                       std::move(done), name, Clock::now(), any_source});
-            return req;
+            if (!is_send)
+                p.done = [h, work, any_source](const MPI_Status& st) {
+                    if (any_source) work->set_source(st.MPI_SOURCE);
+                    h->buf.finish();
+                };
+            p.hold = h;
+            return p;
         },
-        /*collective=*/false);
+        [work](std::exception_ptr e) { work->complete(e); }});
+    return work;
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::send(std::vector<at::Tensor>& tensors, int dst,
@@ -1358,14 +930,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::recvAnysource(std::vector<at::
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::barrier(const c10d::BarrierOptions&) {
-    Sig sig{{static_cast<int64_t>(OpType::BARRIER), 0, -1, -1}};
-    return enqueue("barrier", OpType::BARRIER, "mpiml:barrier", {}, {}, sig, [this](MpimlWork&) {
-        mpiml::detail::barrier(comm_, "mpiml c10d barrier");
-        return MPI_REQUEST_NULL;
-    });
+    const Sig sig{{static_cast<int64_t>(OpType::BARRIER), 0, -1, -1}};
+    return collective("barrier", OpType::BARRIER, "mpiml:barrier", {}, {}, sig,
+                      [this] { mpiml::detail::barrier(comm_, "mpiml c10d barrier"); });
 }
 
-}  // namespace
 }  // namespace mpiml_c10d
 
 PYBIND11_MODULE(_c10d, m) {
@@ -1387,9 +956,11 @@ PYBIND11_MODULE(_c10d, m) {
         .def_property("check", &ProcessGroupMpiml::check_enabled, &ProcessGroupMpiml::set_check,
                       "cross-rank agreement check before each collective")
         .def("shutdown", &ProcessGroupMpiml::shutdown, py::call_guard<py::gil_scoped_release>(),
-             "finishes queued operations and stops the worker thread");
+             "finishes queued operations and stops the worker");
     m.def("at_exit", [] { mpiml_c10d::at_exit(); }, py::call_guard<py::gil_scoped_release>());
-    m.def("set_check_default", [](bool on) { mpiml_c10d::g_check_default.store(on); });
+    m.def("set_check_default", &mpiml_c10d::set_check_default);
+    m.def("agreement_rounds", &mpiml::detail::agreement_rounds,
+          "agreement rounds this process has run (each a small allreduce)");
     m.def("mpi_initialized", [] { return mpiml::is_initialized(); });
     m.def("ensure_mpi", [] { mpiml_c10d::ensure_mpi(); }, "initializes MPI (MPI_THREAD_MULTIPLE) if needed");
     m.def("world_rank", [] { return mpiml::proc_id(MPI_COMM_WORLD); });
@@ -1408,3 +979,4 @@ PYBIND11_MODULE(_c10d, m) {
     m.def("abort", [](const std::string& what) { mpiml::abort_job(what, 1); },
           "prints what and aborts the whole MPI job");
 }
+

@@ -456,6 +456,8 @@ PYBIND11_MODULE(_core, m) {
     m.def("timeout", [] { ensure_initialized_py(); return timeout(); });
     m.def("set_check", [](bool on) { ensure_initialized_py(); set_check(on); });
     m.def("check_enabled", [] { ensure_initialized_py(); return check_enabled(); });
+    m.def("_env_profile_requested", &detail::env_profile_requested,
+          "MPIML_PROFILE asks for a profile (read with every variable, in config.cpp)");
 
     m.def("profile_start", [](std::string dir) { ensure_initialized_py(); profile_start(std::move(dir)); });
     m.def("profile_stop", [] { ensure_initialized_py(); profile_stop(); });

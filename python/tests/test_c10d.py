@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import mpiml
 import mpiml.torch  # registers "mpiml"
 from c10d_fixtures import world, gloo  # noqa: F401 (pytest fixtures)
 
@@ -358,16 +359,50 @@ def test_errors_on_the_calling_rank(world):
 
 
 def test_mismatch_across_ranks_is_an_error_everywhere(world):
+    # The core's agreement check and message: what every rank called.
     rank, n = world
     t = torch.ones(4 + rank)  # different sizes on every rank
-    with pytest.raises(RuntimeError, match="disagree"):
+    with pytest.raises(RuntimeError, match=r"mpiml c10d all_reduce on rank %d/%d: mismatched "
+                       r"collectives \(call #\d+ on this communicator\): rank 0 called "
+                       r"ALLREDUCE\(count=4, dtype=Float, op=SUM\); rank 1 called "
+                       r"ALLREDUCE\(count=5, dtype=Float, op=SUM\)" % (rank, n)):
         dist.all_reduce(t)
     t = torch.ones(4, dtype=torch.float32 if rank == 0 else torch.float64)
-    with pytest.raises(RuntimeError, match="disagree"):
+    with pytest.raises(RuntimeError, match=r"rank 0 called BROADCAST\(count=4, dtype=Float, root=0\); "
+                       r"ranks? 1.* called BROADCAST\(count=4, dtype=Double, root=0\)"):
         dist.broadcast(t, src=0)
     t = torch.ones(4)
     dist.all_reduce(t)
     assert torch.equal(t, torch.full((4,), float(n)))
+
+
+@pytest.mark.parametrize("core_check", [False, True], ids=["check", "check+MPIML_CHECK"])
+def test_one_agreement_round_per_collective(world, core_check):
+    # The group's check and the core's (MPIML_CHECK, mpiml.set_check) share
+    # one round: the core's collective inside the backend's runs none.
+    rank, n = world
+    pg = dist.distributed_c10d._get_default_group()
+    before = mpiml.check_enabled()
+    mpiml.set_check(core_check)
+    try:
+        t = torch.ones(8)
+        dist.all_reduce(t)  # the comm's state is set up
+        dist.barrier()
+        r0 = mpiml._c10d.agreement_rounds()
+        for _ in range(10):
+            dist.all_reduce(t)
+        dist.broadcast(t, src=0)
+        dist.all_gather_into_tensor(torch.zeros(8 * n), t)
+        rounds = mpiml._c10d.agreement_rounds() - r0
+        pg.check = False
+        r1 = mpiml._c10d.agreement_rounds()
+        dist.all_reduce(t)
+        unchecked = mpiml._c10d.agreement_rounds() - r1
+    finally:
+        pg.check = True
+        mpiml.set_check(before)
+    assert rounds == 12
+    assert unchecked == (1 if core_check else 0)  # MPIML_CHECK still checks
 
 
 def test_works_with_mpi4py(world):

@@ -4,17 +4,32 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace mpiml::detail {
+
+/// How a rank that is ahead waits for the others in an agreement round:
+/// inside MPI, or polling politely (spins briefly, then yields its core, then
+/// naps), for a worker thread whose process computes meanwhile.
+enum class AgreeWait { block, poll };
 
 /// Cross-rank agreement in one MPI_MAX allreduce of x and ~x (plain MPI, no
 /// checks or profile): true on every rank when every rank passed the same n
 /// values; lo/hi, when given, receive each value's minimum and maximum
 /// (collectives.cpp).
 bool agree(const std::int64_t* x, int n, MPI_Comm comm, const char* call,
-           std::int64_t* lo = nullptr, std::int64_t* hi = nullptr);
+           std::int64_t* lo = nullptr, std::int64_t* hi = nullptr,
+           AgreeWait wait = AgreeWait::block);
+
+/// The one consistency check of a collective, whichever door issued it: one
+/// agreement round on its n signature values; on a mismatch every rank throws
+/// "mismatched collectives (call #seq on this communicator): ranks 0, 2 called
+/// X; rank 1 called Y", X being describe(that rank's values).
+void check_agreement(const std::int64_t* sig, int n, MPI_Comm comm, const char* call,
+                     std::uint64_t seq, const std::function<std::string(const std::int64_t*)>& describe,
+                     AgreeWait wait = AgreeWait::block);
 
 /// "rank 2" or "ranks 0, 3" (error.cpp).
 std::string rank_list(const std::vector<int>& ranks);

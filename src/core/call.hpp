@@ -52,7 +52,7 @@ public:
     CollectiveScope& operator=(const CollectiveScope&) = delete;
 
 private:
-    bool armed_ = false;
+    std::uint64_t watch_ = 0;  // the watchdog's id, 0: not watched
     bool marked_ = false;  // on the exit guard's board
     std::uint64_t history_ = 0;  // its entry in the history (report.cpp)
     std::optional<ProfileMark> profile_;

@@ -13,6 +13,10 @@
 #include <mpiml/collectives.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <thread>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +24,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include <sched.h>
 
 namespace mpiml {
 
@@ -109,8 +115,40 @@ std::uint64_t next_sequence(MPI_Comm comm) {
     return ++*static_cast<std::uint64_t*>(v);
 }
 
+namespace {
+std::atomic<std::uint64_t> agreement_round_count{0};
+
+// A worker's wait for the others (AgreeWait::poll): spins for kSpinPolls
+// tests, then yields its core for kYieldTime (to this process's other threads
+// or another rank when one is runnable), then naps 10-200 us.
+constexpr int kSpinPolls = 200;
+constexpr auto kYieldTime = std::chrono::microseconds(500);
+
+void wait_politely(MPI_Request& req, const char* call) {
+    using Clock = std::chrono::steady_clock;
+    int done = 0;
+    auto nap = std::chrono::microseconds(10);
+    Clock::time_point yielding;
+    for (int polls = 0;; ++polls) {
+        check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), call);
+        if (done) return;
+        if (polls < kSpinPolls) continue;
+        if (polls == kSpinPolls) yielding = Clock::now();
+        if (Clock::now() - yielding < kYieldTime) {
+            sched_yield();
+        } else {
+            std::this_thread::sleep_for(nap);
+            nap = std::min(nap * 2, std::chrono::microseconds(200));
+        }
+    }
+}
+}  // namespace
+
+std::uint64_t agreement_rounds() { return agreement_round_count.load(std::memory_order_relaxed); }
+
 bool agree(const std::int64_t* x, int n, MPI_Comm comm, const char* call, std::int64_t* lo,
-           std::int64_t* hi) {
+           std::int64_t* hi, AgreeWait wait) {
+    agreement_round_count.fetch_add(1, std::memory_order_relaxed);
     // max(~x) = ~min(x): minima and maxima in one reduction, no overflow.
     std::int64_t small[16];
     std::vector<std::int64_t> large;
@@ -123,7 +161,13 @@ bool agree(const std::int64_t* x, int n, MPI_Comm comm, const char* call, std::i
         buf[i] = x[i];
         buf[n + i] = ~x[i];
     }
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, 2 * n, MPI_INT64_T, MPI_MAX, comm), call);
+    if (wait == AgreeWait::block) {
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, 2 * n, MPI_INT64_T, MPI_MAX, comm), call);
+    } else {
+        MPI_Request req = MPI_REQUEST_NULL;
+        check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf, 2 * n, MPI_INT64_T, MPI_MAX, comm, &req), call);
+        wait_politely(req, call);
+    }
     bool same = true;
     for (int i = 0; i < n; ++i) {
         same = same && buf[i] == ~buf[n + i];
@@ -133,77 +177,111 @@ bool agree(const std::int64_t* x, int n, MPI_Comm comm, const char* call, std::i
     return same;
 }
 
-void check_consistent(const CallInfo& info, std::uint64_t seq) {
-    constexpr int n = 5;
-    const std::int64_t sig[n] = {static_cast<std::int64_t>(info.kind),
-                                 static_cast<std::int64_t>(info.count), type_id(info.type),
-                                 info.op_id, info.root};
-    if (agree(sig, n, info.comm, info.call)) return;
-
+void check_agreement(const std::int64_t* sig, int n, MPI_Comm comm, const char* call,
+                     std::uint64_t seq, const std::function<std::string(const std::int64_t*)>& describe,
+                     AgreeWait wait) {
+    if (agree(sig, n, comm, call, nullptr, nullptr, wait)) return;
     // Every rank saw the mismatch: gather who called what, and say so.
     int size = 0;
-    check_mpi(MPI_Comm_size(info.comm, &size), info.call);
+    check_mpi(MPI_Comm_size(comm, &size), call);
     std::vector<std::int64_t> all(static_cast<std::size_t>(n) * size);
-    check_mpi(MPI_Allgather(sig, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, info.comm),
-              info.call);
+    check_mpi(MPI_Allgather(sig, n, MPI_INT64_T, all.data(), n, MPI_INT64_T, comm), call);
     // and from where (each rank's call site, cut to a fixed length)
     constexpr int site_len = 256;
     char site[site_len] = {};
     std::snprintf(site, sizeof site, "%s", site_text(current_site()).c_str());
     std::vector<char> sites(static_cast<std::size_t>(site_len) * size);
-    check_mpi(MPI_Allgather(site, site_len, MPI_CHAR, sites.data(), site_len, MPI_CHAR, info.comm),
-              info.call);
+    check_mpi(MPI_Allgather(site, site_len, MPI_CHAR, sites.data(), site_len, MPI_CHAR, comm), call);
     std::vector<std::string> called(static_cast<std::size_t>(size));
     for (int r = 0; r < size; ++r) {
-        const std::int64_t* s = all.data() + static_cast<std::size_t>(r) * n;
-        CallInfo c = info;
-        c.kind = static_cast<Kind>(s[0]);
-        c.count = static_cast<std::size_t>(s[1]);
-        c.op_id = static_cast<int>(s[3]);
-        c.root = static_cast<int>(s[4]);
-        c.type = type_of_id(s[2]);
-        called[r] = describe(c);
+        called[r] = describe(all.data() + static_cast<std::size_t>(r) * n);
         const char* at = sites.data() + static_cast<std::size_t>(r) * site_len;
         if (at[0]) called[r] += std::string(" at ") + std::string(at, strnlen(at, site_len));
     }
-    const std::string text = "mismatched collectives (call #" + std::to_string(seq) +
-                             " on this communicator): " + group_ranks(called, 0, "called", "called");
-    fail(info.call, text);
+    fail(call, "mismatched collectives (call #" + std::to_string(seq) +
+                   " on this communicator): " + group_ranks(called, 0, "called", "called"));
 }
 
-CollectiveScope::CollectiveScope(const CallInfo& info) {
-    const auto& s = state();
-    const bool prof = profile_on.load(std::memory_order_relaxed);
-    const bool check = s.check.load(std::memory_order_relaxed);
-    const bool timed = s.timeout.load(std::memory_order_relaxed) > 0;
-    const std::int64_t t0 = prof ? profile_now() : 0;
+void check_consistent(const CallInfo& info, std::uint64_t seq) {
+    const std::int64_t sig[] = {static_cast<std::int64_t>(info.kind),
+                                static_cast<std::int64_t>(info.count), type_id(info.type),
+                                info.op_id, info.root};
+    check_agreement(sig, 5, info.comm, info.call, seq, [&info](const std::int64_t* s) {
+        CallInfo c = info;
+        c.kind = static_cast<Kind>(s[0]);
+        c.count = static_cast<std::size_t>(s[1]);
+        c.type = type_of_id(s[2]);
+        c.op_id = static_cast<int>(s[3]);
+        c.root = static_cast<int>(s[4]);
+        return describe(c);
+    });
+}
+
+namespace {
+// The door collective running on this thread, if any: core calls inside it
+// on its communicator are part of it (no second round, watch or mark).
+thread_local const DoorScope* t_door = nullptr;
+
+Kind door_kind(int kind) {
+    return kind >= static_cast<int>(Kind::allreduce) && kind <= static_cast<int>(Kind::other)
+               ? static_cast<Kind>(kind)
+               : Kind::other;
+}
+}  // namespace
+
+namespace {
+// Every rank counts and marks every collective whatever its own settings,
+// which may differ between ranks: the sequence numbers and the arrival board
+// (set up collectively on the first world collective) may not. Returns the
+// sequence number; marked: on the exit guard's board.
+std::uint64_t enter_collective(Kind kind, MPI_Comm comm, bool& marked) {
     if (injecting()) inject_on_collective();
-    // Every rank counts and marks every collective whatever its own settings,
-    // which may differ between ranks: the sequence numbers and the arrival
-    // board (set up collectively on the first world collective) may not.
-    const std::uint64_t seq = next_sequence(info.comm);
-    if (info.comm == MPI_COMM_WORLD) arrival_mark(seq);
-    if (spans_world(info.comm)) {
+    const std::uint64_t seq = next_sequence(comm);
+    if (comm == MPI_COMM_WORLD) arrival_mark(seq);
+    if (spans_world(comm)) {
         exit_guard_setup();
         report_setup();
         if (exit_guard_ready()) {
-            exit_mark_enter(info.kind, seq);
-            marked_ = true;
+            exit_mark_enter(kind, seq);
+            marked = true;
         }
     }
+    return seq;
+}
+
+void leave_collective(bool& marked, std::uint64_t& watch, std::uint64_t& history) {
+    history_leave(history);
+    history = 0;
+    if (marked && exit_guard_ready()) exit_mark_leave();
+    marked = false;
+    watchdog_disarm(watch);
+    watch = 0;
+}
+}  // namespace
+
+CollectiveScope::CollectiveScope(const CallInfo& info) {
+    const bool prof = profile_on.load(std::memory_order_relaxed);
+    if (t_door && t_door->comm_ == info.comm) {
+        // Inside a door's collective: it has counted, marked, watched and
+        // checked; the profile records this call with the door's start.
+        if (prof)
+            profile_ = ProfileMark{info, t_door->seq_, t_door->t0_, t_door->check_ns_,
+                                   profile_generation.load(std::memory_order_relaxed)};
+        return;
+    }
+    const auto& s = state();
+    const bool check = s.check.load(std::memory_order_relaxed);
+    const bool timed = s.timeout.load(std::memory_order_relaxed) > 0;
+    const std::int64_t t0 = prof ? profile_now() : 0;
+    const std::uint64_t seq = enter_collective(info.kind, info.comm, marked_);
     history_ = history_enter(info, seq);
     if (!check && !timed && !prof) return;
-    if (timed) {
-        watchdog_arm(info, seq);
-        armed_ = true;
-    }
+    if (timed) watch_ = watchdog_arm(Watched{info, seq, 0, {}, {}});
     if (check) {
         try {
             check_consistent(info, seq);
         } catch (...) {
-            if (armed_) watchdog_disarm();
-            history_leave(history_);
-            if (marked_ && exit_guard_ready()) exit_mark_leave();
+            leave_collective(marked_, watch_, history_);
             throw;
         }
     }
@@ -212,28 +290,46 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
                                profile_generation.load(std::memory_order_relaxed)};
 }
 
-ExitMark::ExitMark(int kind, MPI_Comm comm, std::uint64_t seq, const char* call) {
-    const bool known = kind >= static_cast<int>(Kind::allreduce) && kind <= static_cast<int>(Kind::other);
-    const Kind k = known ? static_cast<Kind>(kind) : Kind::other;
-    history_ = history_enter({k, call, 0, MPI_DATATYPE_NULL, -1, -1, comm}, seq);
-    if (!spans_world(comm)) return;
-    exit_guard_setup();
-    if (!exit_guard_ready()) return;
-    exit_mark_enter(k, seq);
-    marked_ = true;
-}
-
-ExitMark::~ExitMark() {
-    history_leave(history_);
-    if (marked_ && exit_guard_ready()) exit_mark_leave();
-}
-
 CollectiveScope::~CollectiveScope() {
-    history_leave(history_);
-    if (marked_ && exit_guard_ready()) exit_mark_leave();
-    if (armed_) watchdog_disarm();
+    leave_collective(marked_, watch_, history_);
     if (profile_) profile_collective(*profile_);
 }
+
+DoorScope::DoorScope(const DoorCall& d) : comm_(d.comm), outer_(t_door) {
+    const auto& s = state();
+    const bool check = d.check || s.check.load(std::memory_order_relaxed);
+    const bool timed = d.timeout > 0 || s.timeout.load(std::memory_order_relaxed) > 0;
+    t0_ = profile_on.load(std::memory_order_relaxed) ? profile_now() : 0;
+    const Kind kind = door_kind(d.kind);
+    seq_ = enter_collective(kind, d.comm, marked_);
+    history_ = history_enter({kind, d.call, 0, MPI_DATATYPE_NULL, -1, -1, d.comm}, seq_);
+    if (timed)
+        watch_ = watchdog_arm(
+            Watched{{kind, d.call, 0, MPI_DATATYPE_NULL, -1, -1, d.comm}, seq_, d.timeout, d.call, d.where});
+    if (check && d.nsig > 0) {
+        try {
+            check_agreement(d.sig, d.nsig, d.comm, d.call, seq_, d.describe, AgreeWait::poll);
+        } catch (...) {
+            leave_collective(marked_, watch_, history_);
+            throw;
+        }
+        if (t0_) check_ns_ = profile_now() - t0_;
+    }
+    t_door = this;
+}
+
+DoorScope::~DoorScope() {
+    if (t_door == this) t_door = outer_;
+    leave_collective(marked_, watch_, history_);
+}
+
+DoorWatch::DoorWatch(std::string call, double timeout, std::string where) {
+    if (timeout > 0 || state().timeout.load(std::memory_order_relaxed) > 0)
+        id_ = watchdog_arm(Watched{{Kind::other, "", 0, MPI_DATATYPE_NULL, -1, -1, MPI_COMM_NULL}, 0,
+                                   timeout, std::move(call), std::move(where)});
+}
+
+DoorWatch::~DoorWatch() { watchdog_disarm(id_); }
 
 void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type, TypeClass cls,
                const ReduceOp& op, MPI_Comm comm, const char* call) {

@@ -777,6 +777,7 @@ std::uint64_t history_enter(const CallInfo& info, std::uint64_t seq) {
 }
 
 void history_leave(std::uint64_t token) {
+    if (token == 0) return;  // none
     auto& h = history();
     const std::int64_t t = now_ns();
     std::lock_guard lock(h.m);

@@ -23,15 +23,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// One armed wait.
+struct Slot {
+    std::uint64_t id;
+    Clock::time_point start;
+    Watched w;
+};
+
 struct Watch {
     std::mutex m;
     std::condition_variable cv;
     std::thread thread;
     bool stop = false;
-    bool active = false;
-    CallInfo info{};
-    std::uint64_t seq = 0;
-    Clock::time_point start;
+    std::uint64_t last_id = 0;
+    std::vector<Slot> slots;  // the armed waits, any thread's
 };
 // Never destroyed (nor the board): the watchdog is shut down inside
 // MPI_Finalize, which may run from atexit after static destructors.
@@ -81,22 +86,35 @@ std::string missing_ranks(std::uint64_t my_seq, MPI_Comm comm) {
     return "; ranks on " + node + " that never arrived: " + late;
 }
 
+// Past a deadline: the one place a watched wait ends the job.
+[[noreturn]] void expire(const Slot& s, double waited, double limit) {
+    char head[96];
+    std::snprintf(head, sizeof head, " waited %.1f s, past the timeout of %g s", waited, limit);
+    std::string what = "watchdog: " + (s.w.call.empty() ? std::string(s.w.info.call) : s.w.call) + head;
+    if (s.w.call.empty())
+        what += " in " + describe(s.w.info) + ", call #" + std::to_string(s.w.seq) + " on " +
+                name_of(s.w.info.comm) + missing_ranks(s.w.seq, s.w.info.comm);
+    what += s.w.where;
+    report_on_hang(what);
+    abort_job(what, 1);
+}
+
 void loop() {
     auto& w = watch();
     std::unique_lock lock(w.m);
     while (!w.stop) {
         w.cv.wait_for(lock, std::chrono::milliseconds(50));
-        if (!w.active || w.stop) continue;
-        const double limit = state().timeout;
-        const double waited = std::chrono::duration<double>(Clock::now() - w.start).count();
-        if (limit <= 0 || waited < limit) continue;
-        char head[160];
-        std::snprintf(head, sizeof head, "watchdog: %s waited %.1f s (deadline %g s) in ",
-                      w.info.call, waited, limit);
-        const std::string what = head + describe(w.info) + ", call #" + std::to_string(w.seq) +
-                                 " on " + name_of(w.info.comm) + missing_ranks(w.seq, w.info.comm);
-        report_on_hang(what);
-        abort_job(what, 1);
+        if (w.stop) continue;
+        const auto now = Clock::now();
+        const double global = state().timeout.load(std::memory_order_relaxed);
+        for (const Slot& s : w.slots) {
+            const double limit = s.w.timeout > 0 ? s.w.timeout : global;
+            const double waited = std::chrono::duration<double>(now - s.start).count();
+            if (limit <= 0 || waited < limit) continue;
+            const Slot expired = s;
+            lock.unlock();  // the message may take a while; arming goes on meanwhile
+            expire(expired, waited, limit);
+        }
     }
 }
 
@@ -107,7 +125,7 @@ void stop_hook() {
     {
         std::lock_guard lock(w.m);
         w.stop = true;
-        w.active = false;
+        w.slots.clear();
     }
     w.cv.notify_all();
     if (w.thread.joinable()) w.thread.join();
@@ -123,7 +141,7 @@ void free_board_hook() {
 
 }  // namespace
 
-void watchdog_arm(const CallInfo& info, std::uint64_t seq) {
+std::uint64_t watchdog_arm(Watched armed) {
     auto& w = watch();
     std::lock_guard lock(w.m);
     if (!w.thread.joinable()) {
@@ -131,16 +149,21 @@ void watchdog_arm(const CallInfo& info, std::uint64_t seq) {
         w.thread = std::thread(loop);
         register_finalize_hook(stop_hook);
     }
-    w.info = info;
-    w.seq = seq;
-    w.start = Clock::now();
-    w.active = true;
+    const std::uint64_t id = ++w.last_id;
+    w.slots.push_back(Slot{id, Clock::now(), std::move(armed)});
+    return id;
 }
 
-void watchdog_disarm() {
+void watchdog_disarm(std::uint64_t id) {
+    if (id == 0) return;
     auto& w = watch();
     std::lock_guard lock(w.m);
-    w.active = false;
+    for (auto& s : w.slots)
+        if (s.id == id) {
+            if (&s != &w.slots.back()) s = std::move(w.slots.back());
+            w.slots.pop_back();
+            return;
+        }
 }
 
 void arrival_mark(std::uint64_t world_seq) {
