@@ -25,7 +25,7 @@ ReduceOp::ReduceOp(Op op) : known_(op) {
 }
 
 ReduceOp::ReduceOp(MPI_Op op) : native_(op) {
-    for (Op o : detail::all_ops)
+    for (Op o : all_ops)
         if (detail::op_info(o).native == op) known_ = o;
 }
 
@@ -99,7 +99,7 @@ std::string describe(const CallInfo& c) {
     if (c.kind == Kind::barrier) return s;
     s += "(count=" + std::to_string(c.count) + ", type=" + datatype_name(c.type);
     if (c.op_id >= 0)
-        s += std::string(", op=") + (c.op_id < 10 ? op_name(static_cast<Op>(c.op_id)) : "user-defined");
+        s += std::string(", op=") + (c.op_id < static_cast<int>(op_count) ? op_name(static_cast<Op>(c.op_id)) : "user-defined");
     if (c.root >= 0) s += ", root=" + std::to_string(c.root);
     return s + ")";
 }

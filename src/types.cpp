@@ -1,21 +1,38 @@
 #include "types.hpp"
 
+#include <cstring>
 #include <vector>
 
 namespace mpiml {
 namespace detail {
 namespace {
 
+template <class T, TypeClass C>
+constexpr char kind_of() {
+    if constexpr (std::is_void_v<T>) return 0;
+    else if constexpr (C == TypeClass::integer) return std::is_signed_v<T> ? 'i' : 'u';
+    else if constexpr (C == TypeClass::floating) return 'f';
+    else if constexpr (C == TypeClass::complex) return 'c';
+    else if constexpr (C == TypeClass::logical) return 'b';
+    else return 0;
+}
+
+template <class T>
+constexpr std::size_t size_of() {
+    if constexpr (std::is_void_v<T>) return 0;
+    else return sizeof(T);
+}
+
 // Never destroyed: checks and profiles may run inside MPI_Finalize from atexit.
 const std::vector<TypeInfo>& registry() {
     static const auto* table = [] {
         auto* t = new std::vector<TypeInfo>;
-        auto add = [t](MPI_Datatype type, const char* name, TypeClass cls, Rep rep) {
-            t->push_back({type, name, cls, rep, static_cast<int>(t->size())});
+        auto add = [t]<class T, TypeClass C>(Elem<T, C>, MPI_Datatype type, const char* name) {
+            t->push_back({type, name, C, kind_of<T, C>(), size_of<T>(), static_cast<int>(t->size())});
         };
-#define MPIML_TYPE(T, DT, CLS, NAME) add(DT, NAME, TypeClass::CLS, rep_of<T>());
-#define MPIML_ALIAS(T, DT, CLS, NAME) add(DT, NAME, TypeClass::CLS, rep_of<T>());
-#define MPIML_OPAQUE(DT, CLS, NAME) add(DT, NAME, TypeClass::CLS, Rep::none);
+#define MPIML_TYPE(T, DT, CLS, NAME) add(Elem<T, TypeClass::CLS>{}, DT, NAME);
+#define MPIML_ALIAS(T, DT, CLS, NAME) add(Elem<T, TypeClass::CLS>{}, DT, NAME);
+#define MPIML_OPAQUE(DT, CLS, NAME) add(Elem<void, TypeClass::CLS>{}, DT, NAME);
 #include <mpiml/types.def>
         return t;
     }();
@@ -36,20 +53,72 @@ const TypeInfo* type_by_id(std::int64_t id) {
                                                                  : nullptr;
 }
 
+const TypeInfo* find_kind(char kind, std::size_t size) {
+    if (kind == 0) return nullptr;
+    for (const TypeInfo& e : registry())
+        if (e.kind == kind && e.size == size) return &e;
+    return nullptr;
+}
+
+const TypeInfo* reduced_in(char kind, std::size_t size) {
+    if (const TypeInfo* e = find_kind(kind, size)) return e;
+    return wider_than(kind, size);
+}
+
+const TypeInfo* wider_than(char kind, std::size_t size) {
+    if (kind != 'f' && kind != 'c') return nullptr;
+    const TypeInfo* best = nullptr;
+    for (const TypeInfo& e : registry())
+        if (e.kind == kind && e.size > size && (!best || e.size < best->size)) best = &e;
+    return best;
+}
+
+std::string kind_name(char kind, std::size_t size) {
+    const std::string bits = std::to_string(size * 8);
+    switch (kind) {
+        case 'b': return "bool";
+        case 'i': return "int" + bits;
+        case 'u': return "uint" + bits;
+        case 'f': return "float" + bits;
+        case 'c': return "complex" + bits;
+        default: return "opaque";
+    }
+}
+
+std::string kind_names() {
+    std::vector<std::string> seen;
+    std::string out;
+    for (const TypeInfo& e : registry()) {
+        if (e.kind == 0) continue;
+        std::string n = kind_name(e.kind, e.size);
+        bool dup = false;
+        for (const auto& s : seen) dup = dup || s == n;
+        if (dup) continue;
+        out += (out.empty() ? "" : ", ") + n;
+        seen.push_back(std::move(n));
+    }
+    return out;
+}
+
 OpInfo op_info(Op op) {
     switch (op) {
-        case Op::sum: return {"sum", MPI_SUM};
-        case Op::prod: return {"prod", MPI_PROD};
-        case Op::min: return {"min", MPI_MIN};
-        case Op::max: return {"max", MPI_MAX};
-        case Op::land: return {"land", MPI_LAND};
-        case Op::lor: return {"lor", MPI_LOR};
-        case Op::lxor: return {"lxor", MPI_LXOR};
-        case Op::band: return {"band", MPI_BAND};
-        case Op::bor: return {"bor", MPI_BOR};
-        case Op::bxor: return {"bxor", MPI_BXOR};
+#define MPIML_OP(NAME, MPI, ...) \
+    case Op::NAME: return {#NAME, MPI};
+#include <mpiml/ops.def>
     }
     return {"invalid op", MPI_OP_NULL};
+}
+
+const Op* op_by_name(const char* name) {
+    for (const Op& o : all_ops)
+        if (std::strcmp(op_info(o).name, name) == 0) return &o;
+    return nullptr;
+}
+
+std::string op_names() {
+    std::string out;
+    for (Op o : all_ops) out += (out.empty() ? "" : ", ") + std::string(op_info(o).name);
+    return out;
 }
 
 }  // namespace detail

@@ -1,53 +1,86 @@
-// The registry of element types and reduce ops (types.cpp, from
-// <mpiml/types.def>): names, classes, which ops are legal, and the C++ type a
-// datatype's reductions compute in, for the kernels and the op fixes.
+// The registry of element types and reduce ops (types.cpp), derived from
+// <mpiml/types.def> and <mpiml/ops.def>: names, classes, which ops are legal,
+// the C++ type a datatype's reductions compute in, the element function of
+// each op, and the lookup by kind and size that numpy and torch dtypes use.
 #pragma once
 
 #include <mpiml/collectives.hpp>
 #include <mpiml/datatype.hpp>
 
 #include <complex>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <string>
 #include <type_traits>
 
 namespace mpiml::detail {
-
-/// The C++ representation mpiml reduces a datatype in; none: left to MPI.
-enum class Rep : std::uint8_t { none, i8, u8, i16, u16, i32, u32, i64, u64, f32, f64, f80, boolean, c64, c128 };
 
 struct TypeInfo {
     MPI_Datatype type;
     const char* name;
     TypeClass cls;
-    Rep rep;
-    int id;  // position in the registry: the same on every rank
+    /// 'i' signed integer, 'u' unsigned integer, 'f' floating, 'c' complex,
+    /// 'b' bool (numpy's kind letters); 0: none (character and opaque lines).
+    char kind;
+    std::size_t size;  // bytes of the C++ type; 0 for opaque lines
+    int id;            // position in the registry: the same on every rank
 };
 
 /// The registry's entry for a datatype; nullptr when it is not built in.
 const TypeInfo* find_type(MPI_Datatype type);
 /// The entry with this id; nullptr when there is none.
 const TypeInfo* type_by_id(std::int64_t id);
+/// The first entry of this kind and size (how numpy's and torch's dtypes find
+/// their element type); nullptr when there is none.
+const TypeInfo* find_kind(char kind, std::size_t size);
+/// The entry values of this kind and size are reduced in: find_kind's, else,
+/// for floating and complex kinds, the smallest wider entry of the same kind
+/// (float16 in float); nullptr when there is none.
+const TypeInfo* reduced_in(char kind, std::size_t size);
+/// The smallest floating or complex entry of this kind wider than size bytes.
+const TypeInfo* wider_than(char kind, std::size_t size);
+/// "bool", "int8", "uint16", "float32", "complex64", ...: numpy's and torch's
+/// name for a kind and size (for messages).
+std::string kind_name(char kind, std::size_t size);
+/// The names of every kind and size in the registry, comma-separated ("bool,
+/// int8, ..."), for messages that say what is supported.
+std::string kind_names();
 
-/// The one legality rule (MPI 4.0, section 6.9.2).
+// ------------------------------------------------------------------ ops
+
+/// Type classes as bits, for ops.def's "integer | floating" columns.
+namespace class_bits {
+inline constexpr unsigned integer = 1u << static_cast<unsigned>(TypeClass::integer);
+inline constexpr unsigned floating = 1u << static_cast<unsigned>(TypeClass::floating);
+inline constexpr unsigned complex = 1u << static_cast<unsigned>(TypeClass::complex);
+inline constexpr unsigned logical = 1u << static_cast<unsigned>(TypeClass::logical);
+}  // namespace class_bits
+
+/// Whether op is defined for elements of class cls (ops.def).
 constexpr bool op_allowed(Op op, TypeClass cls) {
+    using namespace class_bits;
+    const unsigned bit = 1u << static_cast<unsigned>(cls);
     switch (op) {
-        case Op::sum:
-        case Op::prod: return cls != TypeClass::logical;
-        case Op::min:
-        case Op::max: return cls == TypeClass::integer || cls == TypeClass::floating;
-        case Op::land:
-        case Op::lor:
-        case Op::lxor: return cls == TypeClass::integer || cls == TypeClass::logical;
-        case Op::band:
-        case Op::bor:
-        case Op::bxor: return cls == TypeClass::integer;
+#define MPIML_OP(NAME, MPI, CLASSES, ...) \
+    case Op::NAME: return ((CLASSES) & bit) != 0;
+#include <mpiml/ops.def>
     }
     return false;
 }
 
-/// Every mpiml::Op, in order.
-inline constexpr Op all_ops[] = {Op::sum, Op::prod, Op::min,  Op::max, Op::land,
-                                 Op::lor, Op::lxor, Op::band, Op::bor, Op::bxor};
+/// The op that equals op on bool values (ops.def's "on bool" column).
+constexpr Op op_on_bool(Op op) {
+    switch (op) {
+#define MPIML_OP(NAME, MPI, CLASSES, ON_BOOL, ...) \
+    case Op::NAME: return Op::ON_BOOL;
+#include <mpiml/ops.def>
+    }
+    return op;
+}
+
+inline constexpr std::size_t op_count = std::size(all_ops);
+
 /// An mpiml::Op's name and MPI's predefined op for it (name "invalid op",
 /// MPI_OP_NULL for a value outside the enum).
 struct OpInfo {
@@ -55,58 +88,78 @@ struct OpInfo {
     MPI_Op native;
 };
 OpInfo op_info(Op op);
+/// The op with this name ("sum", ...); nullptr when there is none.
+const Op* op_by_name(const char* name);
+/// Every op's name, comma-separated ("sum, prod, ...").
+std::string op_names();
 
+/// Integer arithmetic wraps (in unsigned, at least unsigned int wide), as
+/// MPI's built-in ops do in practice, without signed overflow.
 template <class T>
-constexpr Rep rep_of() {
-    if constexpr (std::is_same_v<T, bool>) return Rep::boolean;
-    else if constexpr (std::is_same_v<T, wchar_t>) return Rep::none;
-    else if constexpr (std::is_same_v<T, std::complex<float>>) return Rep::c64;
-    else if constexpr (std::is_same_v<T, std::complex<double>>) return Rep::c128;
-    else if constexpr (std::is_same_v<T, float>) return Rep::f32;
-    else if constexpr (std::is_same_v<T, double>) return Rep::f64;
-    else if constexpr (std::is_same_v<T, long double>) return Rep::f80;
-    else if constexpr (std::is_integral_v<T>) {
-        constexpr bool s = std::is_signed_v<T>;
-        if constexpr (sizeof(T) == 1) return s ? Rep::i8 : Rep::u8;
-        else if constexpr (sizeof(T) == 2) return s ? Rep::i16 : Rep::u16;
-        else if constexpr (sizeof(T) == 4) return s ? Rep::i32 : Rep::u32;
-        else if constexpr (sizeof(T) == 8) return s ? Rep::i64 : Rep::u64;
-        else return Rep::none;
+constexpr T plus(T a, T b) {
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+        using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+        return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
     } else {
-        return Rep::none;
+        return a + b;
     }
 }
-
 template <class T>
-constexpr TypeClass class_of() {
-    if constexpr (std::is_same_v<T, bool>) return TypeClass::logical;
-    else if constexpr (std::is_same_v<T, std::complex<float>> || std::is_same_v<T, std::complex<double>>)
-        return TypeClass::complex;
-    else if constexpr (std::is_floating_point_v<T>) return TypeClass::floating;
-    else return TypeClass::integer;
+constexpr T times(T a, T b) {
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+        using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+        return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+    } else {
+        return a * b;
+    }
 }
 
-/// Calls f(std::type_identity<T>{}) with the C++ type of rep (void for none).
-template <class F>
-decltype(auto) with_rep(Rep rep, F&& f) {
-    switch (rep) {
-        case Rep::i8: return f(std::type_identity<std::int8_t>{});
-        case Rep::u8: return f(std::type_identity<std::uint8_t>{});
-        case Rep::i16: return f(std::type_identity<std::int16_t>{});
-        case Rep::u16: return f(std::type_identity<std::uint16_t>{});
-        case Rep::i32: return f(std::type_identity<std::int32_t>{});
-        case Rep::u32: return f(std::type_identity<std::uint32_t>{});
-        case Rep::i64: return f(std::type_identity<std::int64_t>{});
-        case Rep::u64: return f(std::type_identity<std::uint64_t>{});
-        case Rep::f32: return f(std::type_identity<float>{});
-        case Rep::f64: return f(std::type_identity<double>{});
-        case Rep::f80: return f(std::type_identity<long double>{});
-        case Rep::boolean: return f(std::type_identity<bool>{});
-        case Rep::c64: return f(std::type_identity<std::complex<float>>{});
-        case Rep::c128: return f(std::type_identity<std::complex<double>>{});
-        case Rep::none: break;
-    }
-    return f(std::type_identity<void>{});
+/// One element of op O over a and b (ops.def's last column); instantiate it
+/// only where op_allowed(O, the class of T).
+template <Op O, class T>
+constexpr T apply_op(T a, T b) {
+#define MPIML_OP(NAME, MPI, CLASSES, ON_BOOL, TORCH, ...) \
+    if constexpr (O == Op::NAME) return static_cast<T>(__VA_ARGS__); else
+#include <mpiml/ops.def>
+    return a;
+}
+
+// ---------------------------------------------------------- C++ types
+
+/// A registry line's C++ type and class (void for opaque lines).
+template <class T, TypeClass C>
+struct Elem {
+    using type = T;
+    static constexpr TypeClass cls = C;
+};
+
+template <class... E>
+struct ElemList {};
+
+/// Every registry line's Elem, in registry order (ids), then a sentinel.
+using registry_elems = ElemList<
+#define MPIML_TYPE(T, DT, CLS, NAME) Elem<T, TypeClass::CLS>,
+#define MPIML_ALIAS(T, DT, CLS, NAME) Elem<T, TypeClass::CLS>,
+#define MPIML_OPAQUE(DT, CLS, NAME) Elem<void, TypeClass::CLS>,
+#include <mpiml/types.def>
+    Elem<void, TypeClass::character>>;
+
+template <class E, class R, class F>
+R call_with_elem(F& f) {
+    return f(E{});
+}
+
+template <class R, class F, class... E>
+R dispatch_elem(std::size_t id, F& f, ElemList<E...>) {
+    static constexpr R (*table[])(F&) = {&call_with_elem<E, R, F>...};
+    return table[id < sizeof...(E) ? id : sizeof...(E) - 1](f);
+}
+
+/// Calls f(Elem<T, class>{}) with the C++ type of entry e (void for opaque
+/// lines): one table lookup.
+template <class R, class F>
+R with_elem(const TypeInfo& e, F&& f) {
+    return dispatch_elem<R>(static_cast<std::size_t>(e.id), f, registry_elems{});
 }
 
 }  // namespace mpiml::detail
