@@ -39,6 +39,27 @@ const std::vector<TypeInfo>& registry() {
     return *table;
 }
 
+// find_kind's index: the first entry per kind and size (up to 32 bytes).
+constexpr char kinds[] = "iufcb";
+constexpr std::size_t max_size = 32;
+int kind_slot(char kind, std::size_t size) {
+    const char* k = kind ? std::strchr(kinds, kind) : nullptr;
+    if (!k || size > max_size) return -1;
+    return static_cast<int>((k - kinds) * (max_size + 1) + size);
+}
+
+const std::vector<const TypeInfo*>& kind_index() {
+    static const auto* index = [] {
+        auto* x = new std::vector<const TypeInfo*>((sizeof(kinds) - 1) * (max_size + 1), nullptr);
+        for (const TypeInfo& e : registry()) {
+            const int slot = kind_slot(e.kind, e.size);
+            if (slot >= 0 && !(*x)[static_cast<std::size_t>(slot)]) (*x)[static_cast<std::size_t>(slot)] = &e;
+        }
+        return x;
+    }();
+    return *index;
+}
+
 }  // namespace
 
 const TypeInfo* find_type(MPI_Datatype type) {
@@ -54,10 +75,8 @@ const TypeInfo* type_by_id(std::int64_t id) {
 }
 
 const TypeInfo* find_kind(char kind, std::size_t size) {
-    if (kind == 0) return nullptr;
-    for (const TypeInfo& e : registry())
-        if (e.kind == kind && e.size == size) return &e;
-    return nullptr;
+    const int slot = kind_slot(kind, size);
+    return slot < 0 ? nullptr : kind_index()[static_cast<std::size_t>(slot)];
 }
 
 const TypeInfo* reduced_in(char kind, std::size_t size) {

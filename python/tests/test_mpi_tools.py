@@ -90,7 +90,7 @@ def test_registry_doors():
     # The op constants and numpy's dtypes come from mpiml's one registry.
     from mpiml import _core
     names = _core.op_names()
-    assert names == ["sum", "prod", "min", "max", "land", "lor", "lxor", "band", "bor", "bxor"]
+    assert names[:10] == ["sum", "prod", "min", "max", "land", "lor", "lxor", "band", "bor", "bxor"]
     for n in names:
         assert getattr(mt, n.upper()) == n and n.upper() in mt.__all__
     types = _core.element_types()
