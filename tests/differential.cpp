@@ -5,7 +5,7 @@
 // order, dup) and shared-memory modes (off, on, auto); node splits come from
 // MPIML_NODE_SPLIT (one ctest case per split). Every result is compared bit
 // for bit with a reference each rank computes from all ranks' inputs,
-// gathered with plain MPI, in mpiml's documented reduction order (src/shm/):
+// gathered with plain MPI, in mpiml's documented reduction order (src/backends/shm/):
 // per node (MPIML_NODE_SPLIT: comm rank / k) a left fold in comm rank order,
 // then a left fold over the nodes in order; averages divide the sum by the
 // rank count. Where MPI itself reduces (shared memory off or not taken), its
@@ -13,7 +13,7 @@
 // (small integers; powers of two for products) so any order is exact, and
 // results are compared by value (a complex product that cancels to zero may
 // have either sign of zero).
-// Statistics combine per-rank moments pairwise in rank order (src/stats.cpp).
+// Statistics combine per-rank moments pairwise in rank order (src/tools/stats.cpp).
 //
 //   mpirun -np 3 test_differential [--seed S] [--ops N] [--first K] [--verbose]
 //
@@ -185,7 +185,7 @@ std::vector<std::vector<T>> gather_all(const std::vector<T>& mine, const CommInf
 }
 
 template <class T>
-bool has_kernel(Op o) {  // shared-memory kernels: see allowed<T, O> in src/shm/kernels.cpp
+bool has_kernel(Op o) {  // shared-memory kernels: see allowed<T, O> in src/backends/shm/kernels.cpp
     return legal<T>(o);
 }
 

@@ -7,6 +7,7 @@
 
 #include <mpiml/datatype.hpp>
 #include <mpiml/error.hpp>
+#include <mpiml/op.hpp>
 #include <mpiml/session.hpp>
 
 #include <cstddef>
@@ -19,35 +20,6 @@
 #include <vector>
 
 namespace mpiml {
-
-/// Reduction operations (MPI's built-ins; the list: <mpiml/ops.def>).
-enum class Op {
-#define MPIML_OP(NAME, ...) NAME,
-#include <mpiml/ops.def>
-};
-
-/// Every Op, in order.
-inline constexpr Op all_ops[] = {
-#define MPIML_OP(NAME, ...) Op::NAME,
-#include <mpiml/ops.def>
-};
-
-/// An operation argument: an mpiml::Op or a raw MPI_Op. Raw built-in MPI ops
-/// are recognized, so they get the same type checks as Op.
-class ReduceOp {
-public:
-    ReduceOp(Op op);      // NOLINT: implicit on purpose
-    ReduceOp(MPI_Op op);  // NOLINT: implicit on purpose
-    MPI_Op native() const { return native_; }
-    std::optional<Op> known() const { return known_; }
-    const char* name() const;
-
-private:
-    MPI_Op native_;
-    std::optional<Op> known_;
-};
-
-const char* op_name(Op op);
 
 /// Contiguous, sized range of an MPI element type (std::vector, std::array,
 /// std::span, C array, ...).
@@ -69,6 +41,9 @@ namespace detail {
 /// profile: a string literal, or detail::profile_intern(name).
 void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type,
                TypeClass cls, const ReduceOp& op, MPI_Comm comm, const char* call);
+/// In place: the sum over ranks divided by their number (floating or
+/// complex types). A SharedBucket's memory is reduced in node-shared memory.
+void average(void* buf, std::size_t count, MPI_Datatype type, MPI_Comm comm, const char* call);
 void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Comm comm,
                const char* call);
 /// Gathers count elements from every rank into recv (count * size elements).

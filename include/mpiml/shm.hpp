@@ -32,6 +32,7 @@
 #include <mpiml/collectives.hpp>
 #include <mpiml/datatype.hpp>
 #include <mpiml/session.hpp>
+#include <mpiml/shm_config.hpp>
 
 #include <cstddef>
 #include <memory>
@@ -40,16 +41,6 @@
 namespace mpiml {
 
 namespace shm {
-
-enum class Mode { automatic, on, off };
-
-struct Config {
-    Mode mode = Mode::automatic;
-    std::size_t allreduce_threshold = 0;  ///< bytes; auto mode
-    std::size_t broadcast_threshold = 0;  ///< bytes; auto mode
-    std::size_t chunk = 0;                ///< bytes per pipeline stage
-    int node_split = 0;                   ///< 0: real nodes
-};
 
 /// The settings in force (environment, then set_mode).
 Config config();
@@ -120,5 +111,13 @@ private:
     std::unique_ptr<void*[]> peers_;  // every node rank's bucket
     std::size_t id_ = 0;              // registry entry, for finalize
 };
+
+namespace detail {
+/// Memory for repeated in-place collectives of up to bytes on comm: a
+/// SharedBucket where the shared-memory path applies to that size (the same
+/// answer on every rank), else nullptr. Collective.
+std::unique_ptr<SharedBucket> collective_memory(std::size_t bytes, MPI_Comm comm,
+                                                const char* call);
+}  // namespace detail
 
 }  // namespace mpiml

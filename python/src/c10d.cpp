@@ -10,7 +10,8 @@
 #include <mpiml/profile.hpp>
 #include <mpiml/session.hpp>
 
-#include "torch_dtypes.hpp"  // src/: the LibTorch dtype table
+#include "core/op.hpp"        // src/: the registry of ops
+#include "torch/dtypes.hpp"   // the LibTorch dtype table
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -60,7 +61,7 @@ void check(int rc, const std::string& call) {
 
 // ------------------------------------------------------------ dtypes and ops
 // From mpiml's registry (<mpiml/ops.def>: each op's c10d::ReduceOp) and the
-// LibTorch dtype table the LibTorch layer uses too (torch_dtypes.hpp).
+// LibTorch dtype table the LibTorch layer uses too (torch/dtypes.hpp).
 using mpiml::torch_detail::TorchDtype;
 using mpiml::torch_detail::torch_dtype;
 

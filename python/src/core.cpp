@@ -19,12 +19,13 @@
 #include <vector>
 
 #include "common.hpp"
-#include "types.hpp"  // src/: the registry of element types and ops
+#include "core/op.hpp"     // src/: the registry of ops
+#include "core/types.hpp"  // and of element types
 
 namespace py = pybind11;
 
 namespace mpiml::detail {
-void exit_guard_run();  // src/exit_guard.hpp (libmpiml, not installed)
+void exit_guard_run();  // src/core/exit_guard.hpp (libmpiml, not installed)
 }
 
 namespace {

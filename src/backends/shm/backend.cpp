@@ -1,0 +1,70 @@
+// The shared-memory backend's answers to the core (core/backend.hpp): it
+// takes an allreduce or a broadcast when its path applies, else declines.
+#include "algorithms.hpp"
+
+#include "core/backend.hpp"
+#include "core/types.hpp"
+
+#include <mpiml/error.hpp>
+
+namespace mpiml::detail {
+
+bool shm_takes(std::size_t bytes, MPI_Comm comm, const char* call) {
+    // shm_allreduce's decision for a built-in op on a type with a kernel.
+    return shared_context_for(bytes, config_ref().allreduce_threshold, comm, call) != nullptr;
+}
+
+bool shm_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type,
+                   std::size_t bytes, const ReduceOp& op, MPI_Comm comm, const char* call) {
+    if (send == MPI_IN_PLACE && bucket_reduce(recv, count, type, op, false, comm, call))
+        return true;
+    const std::size_t threshold = config_ref().allreduce_threshold;
+    if (!op.known() || !may_share(bytes, threshold)) return false;
+    const Kernel k = resolve(type, *op.known());
+    if (!k.combine) return false;
+    ShmContext* c = shared_context_for(bytes, threshold, comm, call);
+    if (!c) return false;
+    Signature sig;
+    sig.count = count;
+    sig.bytes = bytes;
+    sig.kind = Signature::allreduce;
+    sig.op = static_cast<std::uint8_t>(*op.known());
+    sig.type = static_cast<std::uint16_t>(k.type_id);
+    if (count == 0) {  // still compared: a peer may have passed more
+        ++c->round;
+        checked_barrier(*c, sig, call);
+        return true;
+    }
+    if (send == MPI_IN_PLACE) send = recv;
+    run_allreduce(*c, static_cast<const char*>(send), static_cast<char*>(recv), count, k, sig,
+                  call);
+    return true;
+}
+
+bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, int root,
+                   MPI_Comm comm, const char* call) {
+    const std::size_t bytes = count * static_cast<std::size_t>(tsize);
+    const std::size_t threshold = config_ref().broadcast_threshold;
+    if (!may_share(bytes, threshold)) return false;
+    MPI_Aint lb = 0, extent = 0;
+    check_mpi(MPI_Type_get_extent(type, &lb, &extent), call);
+    if (lb != 0 || extent != tsize) return false;  // not contiguous bytes
+    ShmContext* c = shared_context_for(bytes, threshold, comm, call);
+    if (!c) return false;
+    Signature sig;
+    sig.count = count;
+    sig.bytes = bytes;
+    sig.kind = Signature::broadcast;
+    const TypeInfo* t = find_type(type);
+    if (t) sig.type = static_cast<std::uint16_t>(t->id);
+    sig.root = root;
+    if (bytes == 0) {  // still compared: a peer may have passed more
+        ++c->round;
+        checked_barrier(*c, sig, call);
+        return true;
+    }
+    run_broadcast(*c, static_cast<char*>(buf), bytes, sig, call);
+    return true;
+}
+
+}  // namespace mpiml::detail

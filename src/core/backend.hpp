@@ -1,0 +1,42 @@
+// The interface the core asks for each collective, after its argument checks
+// and inside its CollectiveScope (agreement, watchdog, exit guard, profile).
+// The shared-memory backend (backends/shm) is asked first and declines, by
+// returning false, when its path does not apply (mode, size, op, type, or
+// ranks on other nodes); the MPI backend (backends/mpi) runs everything else.
+#pragma once
+
+#include <mpiml/op.hpp>
+
+#include <cstddef>
+
+namespace mpiml::detail {
+
+// ---- backends/shm
+/// Whether an allreduce of bytes on comm takes the shared-memory path (the
+/// same answer on every rank; collective the first time on comm).
+bool shm_takes(std::size_t bytes, MPI_Comm comm, const char* call);
+/// The allreduce through node-shared memory; send may be MPI_IN_PLACE, bytes
+/// is count times the type's size.
+bool shm_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type,
+                   std::size_t bytes, const ReduceOp& op, MPI_Comm comm, const char* call);
+/// In place: the sum over ranks divided by their number, when buf is the
+/// memory of a SharedBucket on comm (floating or complex types).
+bool shm_average(void* buf, std::size_t count, MPI_Datatype type, MPI_Comm comm,
+                 const char* call);
+/// An in-place broadcast (tsize: the type's size).
+bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, int root,
+                   MPI_Comm comm, const char* call);
+
+// ---- backends/mpi: counts beyond INT_MAX are sent in chunks.
+void mpi_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type,
+                   int tsize, const ReduceOp& op, MPI_Comm comm, const char* call);
+/// In place: the sum, then divided by the number of ranks.
+void mpi_average(void* buf, std::size_t count, MPI_Datatype type, int tsize, MPI_Comm comm,
+                 const char* call);
+void mpi_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, int root,
+                   MPI_Comm comm, const char* call);
+void mpi_allgather(const void* send, void* recv, std::size_t count, MPI_Datatype type,
+                   MPI_Comm comm, const char* call);
+void mpi_barrier(MPI_Comm comm, const char* call);
+
+}  // namespace mpiml::detail

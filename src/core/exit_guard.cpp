@@ -1,0 +1,218 @@
+// The exit guard. MPI_Finalize waits for every rank, so a rank that ends
+// while its peers wait for it in a collective would hang the job. Each rank
+// keeps four counters in an MPI window over MPI_COMM_WORLD: collectives
+// entered on communicators that span every rank, how many it is inside, the
+// last one's kind and number, and whether it has ended (with its status).
+// At MPI_Finalize a rank marks itself ended and reads its peers' counters
+// until every rank has ended (then finalizes as usual). A peer inside a
+// collective it entered after this rank's last one waits for a rank that
+// will never come: the job is aborted at once, with one line naming both.
+// A peer busy outside MPI is simply waited for. Peers on this node are read
+// in shared memory (a rank waiting in the shared-memory path is not inside
+// MPI); others with MPI_Rget, which completes when the peer's MPI makes
+// progress, as it does while the peer waits in an MPI collective.
+#include "core/exit_guard.hpp"
+
+#include "core/state.hpp"
+
+#include <mpiml/failure.hpp>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace mpiml::detail {
+namespace {
+
+enum Slot : int { entered = 0, inside = 1, last = 2, ended = 3, nslots = 4 };
+constexpr std::uint64_t ended_flag = std::uint64_t{1} << 32;
+constexpr std::uint64_t status_mask = 0xffff;
+constexpr std::uint64_t status_unknown = status_mask;
+constexpr int seq_bits = 56;
+
+struct Guard {
+    std::once_flag once;
+    std::atomic<bool> ready{false};
+    std::atomic<bool> ran{false};
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Win node_win = MPI_WIN_NULL;     // the counters, shared within the node
+    MPI_Win win = MPI_WIN_NULL;          // the same memory, for remote reads
+    bool remote = false;                 // win works on every rank
+    std::uint64_t* mine = nullptr;
+    std::vector<std::uint64_t*> local;  // by world rank; null for other nodes
+    std::atomic<int> status{-1};  // -1: not known
+};
+// Never destroyed: used inside MPI_Finalize, which may run from atexit.
+Guard& guard() {
+    static auto* g = new Guard;
+    return *g;
+}
+
+std::atomic_ref<std::uint64_t> slot(Slot i) { return std::atomic_ref<std::uint64_t>(guard().mine[i]); }
+
+std::string waiting_text(const std::vector<std::pair<int, std::uint64_t>>& stuck) {
+    auto what = [](std::uint64_t last) {
+        const auto kind = static_cast<Kind>(last >> seq_bits);
+        const std::uint64_t seq = last & ((std::uint64_t{1} << seq_bits) - 1);
+        return std::string(kind_name(kind)) + " #" + std::to_string(seq);
+    };
+    bool same = true;
+    for (const auto& s : stuck) same = same && s.second == stuck.front().second;
+    std::string text;
+    if (same) {
+        text = stuck.size() == 1 ? "rank " : "ranks ";
+        for (std::size_t i = 0; i < stuck.size(); ++i)
+            text += (i ? ", " : "") + std::to_string(stuck[i].first);
+        return text + (stuck.size() == 1 ? " waits in " : " wait in ") + what(stuck.front().second);
+    }
+    for (std::size_t i = 0; i < stuck.size(); ++i)
+        text += (i ? ", rank " : "rank ") + std::to_string(stuck[i].first) + " waits in " +
+                what(stuck[i].second);
+    return text;
+}
+
+}  // namespace
+
+void exit_guard_setup() {
+    auto& g = guard();
+    std::call_once(g.once, [&g] {
+        const int n = state().world_size;
+        if (n <= 1) return;
+        constexpr MPI_Aint bytes = nslots * sizeof(std::uint64_t);
+        g.local.assign(static_cast<std::size_t>(n), nullptr);
+        void* base = nullptr;
+        if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &g.node) ==
+                MPI_SUCCESS &&
+            MPI_Win_allocate_shared(bytes, sizeof(std::uint64_t), MPI_INFO_NULL, g.node, &base,
+                                    &g.node_win) == MPI_SUCCESS) {
+            int k = 0;
+            MPI_Comm_size(g.node, &k);
+            MPI_Group gn, gw;
+            MPI_Comm_group(g.node, &gn);
+            MPI_Comm_group(MPI_COMM_WORLD, &gw);
+            for (int r = 0; r < k; ++r) {
+                MPI_Aint size = 0;
+                int disp = 0, w = MPI_UNDEFINED;
+                void* p = nullptr;
+                MPI_Group_translate_ranks(gn, 1, &r, gw, &w);
+                if (MPI_Win_shared_query(g.node_win, r, &size, &disp, &p) == MPI_SUCCESS &&
+                    w >= 0 && w < n && size >= bytes)
+                    g.local[static_cast<std::size_t>(w)] = static_cast<std::uint64_t*>(p);
+            }
+            MPI_Group_free(&gn);
+            MPI_Group_free(&gw);
+            g.mine = static_cast<std::uint64_t*>(base);
+        } else {
+            if (g.node != MPI_COMM_NULL) MPI_Comm_free(&g.node);
+            g.local.assign(static_cast<std::size_t>(n), nullptr);
+            g.mine = new std::uint64_t[nslots];  // for remote reads only; kept
+        }
+        for (int i = 0; i < nslots; ++i) g.mine[i] = 0;
+        // Remote reads need one-sided MPI over the network (Open MPI: osc ucx,
+        // chosen on InfiniBand/RoCE, or with --mca osc sm,ucx over TCP). Every
+        // rank must have it, or no rank uses it.
+        int ok = MPI_Win_create(g.mine, bytes, sizeof(std::uint64_t), MPI_INFO_NULL, MPI_COMM_WORLD,
+                                &g.win) == MPI_SUCCESS;
+        if (ok) {
+            MPI_Win_set_errhandler(g.win, MPI_ERRORS_RETURN);
+            ok = MPI_Win_lock_all(MPI_MODE_NOCHECK, g.win) == MPI_SUCCESS;
+        }
+        int all_ok = ok;
+        if (MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS) all_ok = 0;
+        g.remote = all_ok != 0;
+        if (!g.remote) g.win = MPI_WIN_NULL;  // left as it is: freeing may be collective
+        // Every rank's counters start at zero before any rank reads them.
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (!g.remote && g.node == MPI_COMM_NULL) return;  // nothing to read peers with
+        g.ready.store(true, std::memory_order_release);
+    });
+}
+
+bool exit_guard_ready() { return guard().ready.load(std::memory_order_acquire); }
+
+void exit_mark_enter(Kind kind, std::uint64_t seq) {
+    slot(entered).fetch_add(1, std::memory_order_relaxed);
+    slot(last).store(static_cast<std::uint64_t>(kind) << seq_bits | seq, std::memory_order_relaxed);
+    slot(inside).fetch_add(1, std::memory_order_release);
+}
+
+void exit_mark_leave() { slot(inside).fetch_sub(1, std::memory_order_release); }
+
+void set_exit_status(int status) { guard().status.store(status, std::memory_order_relaxed); }
+
+void exit_guard_run() {
+    auto& g = guard();
+    if (!g.ready.load(std::memory_order_acquire) || g.ran.exchange(true)) return;
+    const int n = state().world_size, me = state().world_rank;
+    const int status = g.status.load(std::memory_order_relaxed);
+    slot(ended).store(ended_flag | (status >= 0 ? static_cast<std::uint64_t>(status) & status_mask
+                                                : status_unknown),
+                      std::memory_order_release);
+    const std::uint64_t my_entered = slot(entered).load(std::memory_order_acquire);
+
+    struct Peer {
+        MPI_Request req = MPI_REQUEST_NULL;
+        std::uint64_t buf[nslots] = {};
+        bool ended = false;
+    };
+    std::vector<Peer> peers(static_cast<std::size_t>(n));
+    peers[static_cast<std::size_t>(me)].ended = true;
+    bool broken = false;
+    for (;;) {
+        bool all_ended = true;
+        std::vector<std::pair<int, std::uint64_t>> stuck;
+        for (int j = 0; j < n && !broken; ++j) {
+            Peer& p = peers[static_cast<std::size_t>(j)];
+            if (p.ended) continue;
+            all_ended = false;
+            if (std::uint64_t* q = g.local[static_cast<std::size_t>(j)]) {
+                for (int i = nslots - 1; i >= 0; --i)  // ended first, entered last
+                    p.buf[i] = std::atomic_ref<std::uint64_t>(q[i]).load(std::memory_order_acquire);
+            } else if (!g.remote) {
+                p.ended = true;  // cannot be watched: MPI_Finalize waits for it as before
+                continue;
+            } else if (p.req == MPI_REQUEST_NULL &&
+                MPI_Rget(p.buf, nslots, MPI_UINT64_T, j, 0, nslots, MPI_UINT64_T, g.win, &p.req) !=
+                    MPI_SUCCESS) {
+                broken = true;
+                break;
+            }
+            if (!g.local[static_cast<std::size_t>(j)]) {
+                int done = 0;
+                if (MPI_Test(&p.req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) broken = true;
+                if (!done) continue;
+            }
+            if (p.buf[ended] != 0)
+                p.ended = true;
+            else if (p.buf[inside] > 0 && p.buf[entered] > my_entered)
+                stuck.emplace_back(j, p.buf[last]);
+        }
+        if (!stuck.empty()) {
+            char host[256] = {};
+            if (::gethostname(host, sizeof host - 1) != 0) host[0] = '?';
+            const std::string ended_how =
+                status >= 0 ? "exited with status " + std::to_string(status) : "finalized MPI";
+            abort_job(ended_how + " (host " + host + ") while " + waiting_text(stuck),
+                      status > 0 ? status : 1);
+        }
+        if (all_ended || broken) break;
+        const timespec nap{0, 200'000};
+        ::nanosleep(&nap, nullptr);
+    }
+    for (auto& p : peers)
+        if (p.req != MPI_REQUEST_NULL) MPI_Wait(&p.req, MPI_STATUS_IGNORE);
+    g.ready.store(false, std::memory_order_release);
+    if (g.remote) {
+        MPI_Win_unlock_all(g.win);
+        MPI_Win_free(&g.win);
+    }
+    if (g.node_win != MPI_WIN_NULL) MPI_Win_free(&g.node_win);
+    if (g.node != MPI_COMM_NULL) MPI_Comm_free(&g.node);
+}
+
+}  // namespace mpiml::detail

@@ -1,0 +1,26 @@
+// The exit guard (exit_guard.cpp): a rank that ends while others wait for it
+// in a collective ends the job instead of hanging in MPI_Finalize.
+#pragma once
+
+#include "core/call.hpp"
+
+#include <cstdint>
+
+namespace mpiml::detail {
+
+/// Sets up the job-wide exit board, collectively over MPI_COMM_WORLD (once;
+/// a failed set-up leaves the guard off).
+void exit_guard_setup();
+/// True when the board exists (the hot path skips everything otherwise).
+bool exit_guard_ready();
+/// Entering / leaving a collective on a communicator that spans every rank.
+void exit_mark_enter(Kind kind, std::uint64_t seq);
+void exit_mark_leave();
+/// The status this process exits with, when known before MPI_Finalize.
+void set_exit_status(int status);
+/// Run at the start of MPI_Finalize: waits until every rank ends; aborts the
+/// job, naming the ranks, when a rank waits in a collective this rank never
+/// entered.
+void exit_guard_run();
+
+}  // namespace mpiml::detail

@@ -1,0 +1,196 @@
+// Abort on failure: print one clear line, then MPI_Abort the whole job.
+#include "core/state.hpp"
+
+#include <mpiml/failure.hpp>
+
+#include <cxxabi.h>
+#include <execinfo.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <typeinfo>
+
+namespace mpiml {
+namespace {
+
+void write_all(const char* s, std::size_t n) {
+    while (n > 0) {
+        const ssize_t k = ::write(2, s, n);
+        if (k <= 0) return;
+        s += k;
+        n -= static_cast<std::size_t>(k);
+    }
+}
+
+// Formats "[mpiml] rank R/N: " without allocating (signal handlers use it).
+std::size_t format_prefix(char* buf, std::size_t cap) {
+    const auto& s = detail::state();
+    if (s.world_rank >= 0)
+        return static_cast<std::size_t>(
+            std::snprintf(buf, cap, "[mpiml] rank %d/%d: ", s.world_rank, s.world_size));
+    return static_cast<std::size_t>(std::snprintf(buf, cap, "[mpiml] rank ?: "));
+}
+
+// MPIML_ABORT_RECORD and this host, kept where a signal handler can read them.
+char record_path[1024];
+char host_name[256];
+
+// Appends "rank R/N host H: <what>" to the abort record, for a restarting
+// launcher to say what failed (async-signal-safe).
+void record_abort(const char* what, std::size_t n) {
+    if (!record_path[0]) return;
+    const int fd = ::open(record_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    char buf[1024];
+    const auto& s = detail::state();
+    int k = std::snprintf(buf, sizeof buf, "rank %d/%d host %s: ", s.world_rank, s.world_size,
+                          host_name[0] ? host_name : "?");
+    if (k < 0) k = 0;
+    std::size_t len = std::min(static_cast<std::size_t>(k), sizeof buf - 1);
+    const std::size_t m = std::min(n, sizeof buf - 1 - len);
+    std::memcpy(buf + len, what, m);
+    len += m;
+    if (len == 0 || buf[len - 1] != '\n') {
+        if (len == sizeof buf - 1) --len;
+        buf[len++] = '\n';
+    }
+    [[maybe_unused]] const ssize_t w = ::write(fd, buf, len);
+    ::close(fd);
+}
+
+void print_backtrace() {
+    void* frames[48];
+    const int n = ::backtrace(frames, 48);
+    if (n > 0) {
+        static const char head[] = "[mpiml] backtrace:\n";
+        write_all(head, sizeof head - 1);
+        ::backtrace_symbols_fd(frames, n, 2);
+    }
+}
+
+[[noreturn]] void abort_mpi(int code) {
+    int up = 0, down = 0;
+    MPI_Initialized(&up);
+    MPI_Finalized(&down);
+    if (up && !down) {
+        // Give the launcher time to forward what this rank and its peers just
+        // wrote: MPICH's Hydra drops output still in its pipes once a rank aborts.
+        const timespec pause{0, 200'000'000};
+        ::nanosleep(&pause, nullptr);
+        MPI_Abort(MPI_COMM_WORLD, code);
+    }
+    ::_exit(code);
+}
+
+
+void print_abort_line(std::string_view what) {
+    char prefix[64];
+    const std::size_t n = format_prefix(prefix, sizeof prefix);
+    std::string line(prefix, std::min(n, sizeof prefix - 1));
+    line.append(what);
+    line += " - aborting the job\n";
+    std::fflush(stdout);
+    write_all(line.data(), line.size());
+    record_abort(what.data(), what.size());
+}
+
+void on_terminate() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        // The line first: once a peer aborts, the launcher may kill this
+        // process before a long backtrace is out.
+        print_abort_line(detail::current_exception_text());
+        print_backtrace();
+        abort_mpi(1);
+    });
+    ::_exit(1);
+}
+
+const char* signal_name(int sig) {
+    switch (sig) {
+        case SIGSEGV: return "SIGSEGV (segmentation fault)";
+        case SIGBUS: return "SIGBUS (bus error)";
+        case SIGFPE: return "SIGFPE (arithmetic exception)";
+        case SIGILL: return "SIGILL (illegal instruction)";
+        case SIGABRT: return "SIGABRT (abort)";
+        default: return "fatal signal";
+    }
+}
+
+void on_signal(int sig) {
+    char buf[256];
+    std::size_t n = format_prefix(buf, sizeof buf);
+    n += static_cast<std::size_t>(std::snprintf(buf + n, sizeof buf - n,
+                                                "fatal signal %s - aborting the job\n",
+                                                signal_name(sig)));
+    write_all(buf, std::min(n, sizeof buf - 1));
+    char what[96];
+    const int m = std::snprintf(what, sizeof what, "fatal signal %s", signal_name(sig));
+    if (m > 0) record_abort(what, std::min(static_cast<std::size_t>(m), sizeof what - 1));
+    print_backtrace();
+    abort_mpi(128 + sig);
+}
+
+constexpr int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+
+}  // namespace
+
+namespace detail {
+std::string current_exception_text() {
+    std::string type = "unknown type";
+    if (const std::type_info* t = abi::__cxa_current_exception_type()) {
+        int status = 0;
+        char* d = abi::__cxa_demangle(t->name(), nullptr, nullptr, &status);
+        type = status == 0 && d ? d : t->name();
+        std::free(d);
+    }
+    try {
+        if (auto e = std::current_exception()) std::rethrow_exception(e);
+        return "std::terminate called without an active exception";
+    } catch (const std::exception& e) {
+        return "uncaught exception (" + type + "): " + e.what();
+    } catch (...) {
+        return "uncaught exception (" + type + ")";
+    }
+}
+
+void set_abort_record(const std::string& path) {
+    std::snprintf(record_path, sizeof record_path, "%s", path.c_str());
+    if (::gethostname(host_name, sizeof host_name - 1) != 0) host_name[0] = '\0';
+}
+void record_abort_line(std::string_view what) { record_abort(what.data(), what.size()); }
+}  // namespace detail
+
+void install_failure_handlers() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        std::set_terminate(on_terminate);
+        // An alternate stack, so that a stack overflow can still be reported.
+        static char alt_stack[64 * 1024];
+        stack_t ss{};
+        ss.ss_sp = alt_stack;
+        ss.ss_size = sizeof alt_stack;
+        ::sigaltstack(&ss, nullptr);
+        struct sigaction sa {};
+        sa.sa_handler = on_signal;
+        sigemptyset(&sa.sa_mask);
+        sa.sa_flags = SA_ONSTACK | SA_RESETHAND;
+        for (int sig : fatal_signals) ::sigaction(sig, &sa, nullptr);
+    });
+}
+
+void abort_job(std::string_view what, int code) {
+    print_abort_line(what);
+    abort_mpi(code == 0 ? 1 : code);
+}
+
+}  // namespace mpiml

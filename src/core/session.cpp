@@ -1,0 +1,213 @@
+#include "core/config.hpp"
+#include "core/exit_guard.hpp"
+#include "core/profile_hooks.hpp"
+#include "core/state.hpp"
+
+#include <mpiml/error.hpp>
+#include <mpiml/failure.hpp>
+#include <mpiml/session.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace mpiml {
+namespace detail {
+
+State& state() {
+    static State s;
+    return s;
+}
+
+namespace {
+
+std::mutex init_mutex;
+int self_keyval = MPI_KEYVAL_INVALID;
+
+std::vector<void (*)()>& finalize_hooks() {
+    // Never destroyed: the hooks run inside MPI_Finalize, which may be called
+    // from atexit after function-local statics have been destroyed.
+    static auto* hooks = new std::vector<void (*)()>;
+    return *hooks;
+}
+
+// MPI_Finalize deletes MPI_COMM_SELF's attributes first: run our cleanup
+// there, whoever calls MPI_Finalize.
+int on_self_delete(MPI_Comm, int, void*, void*) {
+    exit_guard_run();  // first: the hooks below may be collective
+    auto& hooks = finalize_hooks();
+    for (auto it = hooks.rbegin(); it != hooks.rend(); ++it) (*it)();
+    hooks.clear();
+    state().ready = false;
+    return MPI_SUCCESS;
+}
+
+void atexit_finalize() { mpiml::finalize(); }
+// Registered after atexit_finalize, so it runs first and the guard knows the status.
+void record_exit_status(int status, void*) { set_exit_status(status); }
+
+void initialize(int* argc, char*** argv, const SessionOptions& opts, const char* call = "mpiml") {
+    std::lock_guard lock(init_mutex);
+    auto& s = state();
+    if (s.ready) return;
+    int flag = 0;
+    MPI_Finalized(&flag);
+    if (flag) fail(call, "MPI has been finalized; no mpiml call may follow MPI_Finalize");
+    MPI_Initialized(&flag);
+    if (!flag) {
+        check_mpi(MPI_Init_thread(argc, argv, opts.thread_level, &s.provided), "MPI_Init_thread");
+        s.we_initialized = true;
+        std::atexit(atexit_finalize);
+        ::on_exit(record_exit_status, nullptr);
+    } else {
+        MPI_Query_thread(&s.provided);
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &s.world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &s.world_size);
+    check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, on_self_delete, &self_keyval, nullptr),
+              "MPI_Comm_create_keyval");
+    check_mpi(MPI_Comm_set_attr(MPI_COMM_SELF, self_keyval, nullptr), "MPI_Comm_set_attr");
+    read_environment(s);
+    if (opts.timeout) s.timeout = *opts.timeout;
+    if (opts.check) s.check = *opts.check;
+    s.abort_on_failure = opts.abort_on_failure;
+    if (s.abort_on_failure) install_failure_handlers();
+    inject_setup();
+    // Set up with MPI_Init, which every rank calls; when another library
+    // initialized MPI, on the first collective that spans every rank.
+    if (s.we_initialized) exit_guard_setup();
+    s.ready = true;
+    profile_from_environment();
+}
+
+}  // namespace
+
+void register_finalize_hook(void (*fn)()) { finalize_hooks().push_back(fn); }
+
+void read_environment(State& s) {
+#ifndef NDEBUG
+    s.check = true;
+#endif
+    load_env_config();  // every MPIML_* variable, validated
+    const EnvConfig& c = env_config();
+    if (c.check) s.check = *c.check;
+    if (c.timeout) s.timeout = *c.timeout;
+    set_abort_record(c.abort_record);
+}
+
+}  // namespace detail
+
+using detail::state;
+
+MPI_Comm Comm::get(const char* call) const {
+    ensure_initialized(call);
+    if (!set_) return state().default_comm;
+    if (comm_ == MPI_COMM_NULL) detail::fail(call, "communicator is MPI_COMM_NULL");
+    return comm_;
+}
+
+void ensure_initialized(const char* call) {
+    if (state().ready) return;
+    detail::initialize(nullptr, nullptr, SessionOptions{}, call);
+}
+
+Session::Session(SessionOptions opts) { start(nullptr, nullptr, opts); }
+
+Session::Session(int& argc, char**& argv, SessionOptions opts) { start(&argc, &argv, opts); }
+
+void Session::start(int* argc, char*** argv, const SessionOptions& opts) {
+    auto& s = state();
+    const bool was_initialized = is_initialized();
+    if (!s.ready) detail::initialize(argc, argv, opts);
+    owns_ = !was_initialized && s.we_initialized;
+    if (opts.timeout) set_timeout(*opts.timeout);
+    if (opts.check) s.check = *opts.check;
+    previous_comm_ = s.default_comm;
+    if (opts.comm != MPI_COMM_NULL) s.default_comm = opts.comm;
+}
+
+Session::~Session() {
+    state().default_comm = previous_comm_;
+    if (std::uncaught_exceptions() > 0 && is_initialized() && !is_finalized())
+        abort_job("exception escaped while an mpiml::Session was alive");
+    if (owns_) finalize();
+}
+
+MPI_Comm Session::comm() const { return Comm{}.get(); }
+int Session::rank() const { return proc_id(); }
+int Session::size() const { return num_procs(); }
+int Session::thread_level() const { return state().provided; }
+
+void finalize() {
+    auto& s = state();
+    if (!s.we_initialized || is_finalized() || !is_initialized()) return;
+    MPI_Finalize();
+    s.ready = false;
+}
+
+bool is_initialized() {
+    int flag = 0;
+    MPI_Initialized(&flag);
+    return flag != 0;
+}
+
+bool is_finalized() {
+    int flag = 0;
+    MPI_Finalized(&flag);
+    return flag != 0;
+}
+
+int proc_id(Comm comm) {
+    int r = 0;
+    detail::check_mpi(MPI_Comm_rank(comm.get("mpiml::proc_id"), &r), "mpiml::proc_id");
+    return r;
+}
+
+int num_procs(Comm comm) {
+    int n = 0;
+    detail::check_mpi(MPI_Comm_size(comm.get("mpiml::num_procs"), &n), "mpiml::num_procs");
+    return n;
+}
+
+void set_timeout(double seconds) {
+    if (!std::isfinite(seconds) || seconds < 0)
+        detail::fail("mpiml::set_timeout", "timeout must be a finite number of seconds >= 0, got " +
+                                               std::to_string(seconds));
+    ensure_initialized();
+    state().timeout = seconds;
+}
+
+double timeout() {
+    ensure_initialized();
+    return state().timeout;
+}
+
+void set_check(bool on) {
+    ensure_initialized();
+    state().check = on;
+}
+
+bool check_enabled() {
+    ensure_initialized();
+    return state().check;
+}
+
+int run(int argc, char** argv, const std::function<int(int, char**)>& fn) {
+    Session session(argc, argv);
+    int rc = 0;
+    try {
+        rc = fn(argc, argv);
+    } catch (...) {
+        abort_job(detail::current_exception_text(), 1);
+    }
+    detail::set_exit_status(rc);  // the Session ends (and MPI with it) before main returns rc
+    return rc;
+}
+
+}  // namespace mpiml

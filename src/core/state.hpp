@@ -1,0 +1,46 @@
+// The process-wide state of mpiml and its lifetime (session.cpp).
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <string>
+#include <string_view>
+
+namespace mpiml::detail {
+
+struct State {
+    bool ready = false;            // MPI initialized and mpiml configured
+    bool we_initialized = false;   // mpiml called MPI_Init_thread
+    int provided = 0;
+    MPI_Comm default_comm = MPI_COMM_WORLD;
+    // Written by set_timeout/set_check, read by the watchdog thread.
+    std::atomic<double> timeout{0.0};  // seconds, 0: off
+    std::atomic<bool> check{false};
+    bool abort_on_failure = true;
+    int world_rank = -1;           // cached for signal handlers and the watchdog
+    int world_size = 0;
+};
+State& state();
+
+/// Reads MPIML_* settings; throws mpiml::Error on a malformed value.
+void read_environment(State& s);
+
+/// The current exception as "type: what()" (failure.cpp).
+std::string current_exception_text();
+/// Where abort lines are also appended (MPIML_ABORT_RECORD; failure.cpp).
+void set_abort_record(const std::string& path);
+/// Appends one line to the abort record, if there is one.
+void record_abort_line(std::string_view what);
+
+/// MPIML_INJECT: set up at initialization (inject.cpp); then each collective
+/// calls inject_on_collective while injecting() is true.
+void inject_setup();
+extern std::atomic<bool> injecting_flag;
+inline bool injecting() { return injecting_flag.load(std::memory_order_relaxed); }
+void inject_on_collective();
+
+/// Cleanup run before MPI_Finalize (attribute delete callback on MPI_COMM_SELF).
+void register_finalize_hook(void (*fn)());
+
+}  // namespace mpiml::detail

@@ -1,0 +1,188 @@
+// Collective watchdog: a rank stuck in a collective past its deadline says
+// where it waits and which ranks never arrived, then aborts the job.
+#include "core/state.hpp"
+#include "core/watchdog.hpp"
+
+#include <mpiml/error.hpp>
+#include <mpiml/failure.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+namespace mpiml::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Watch {
+    std::mutex m;
+    std::condition_variable cv;
+    std::thread thread;
+    bool stop = false;
+    bool active = false;
+    CallInfo info{};
+    std::uint64_t seq = 0;
+    Clock::time_point start;
+};
+// Never destroyed (nor the board): the watchdog is shut down inside
+// MPI_Finalize, which may run from atexit after static destructors.
+Watch& watch() {
+    static auto* w = new Watch;
+    return *w;
+}
+
+// Node-local arrival board: one slot per rank of the node holding the
+// sequence number of the last world collective it entered.
+struct Board {
+    MPI_Comm node = MPI_COMM_NULL;
+    MPI_Win win = MPI_WIN_NULL;
+    std::uint64_t* mine = nullptr;
+    std::vector<std::uint64_t*> slots;  // by node rank
+    std::vector<int> world_ranks;       // node rank -> world rank
+    std::atomic<bool> ready{false};
+    bool tried = false;
+};
+Board& board() {
+    static auto* b = new Board;
+    return *b;
+}
+
+std::string name_of(MPI_Comm comm) {
+    if (comm == MPI_COMM_WORLD) return "MPI_COMM_WORLD";
+    char name[MPI_MAX_OBJECT_NAME] = {};
+    int len = 0;
+    MPI_Comm_get_name(comm, name, &len);
+    return len > 0 ? std::string(name, len) : "a communicator";
+}
+
+std::string missing_ranks(std::uint64_t my_seq, MPI_Comm comm) {
+    auto& b = board();
+    if (comm != MPI_COMM_WORLD || !b.ready.load()) return "";
+    std::string late;
+    for (std::size_t i = 0; i < b.slots.size(); ++i) {
+        const std::uint64_t s = std::atomic_ref<std::uint64_t>(*b.slots[i]).load();
+        if (s < my_seq)
+            late += (late.empty() ? "" : ", ") + std::to_string(b.world_ranks[i]) +
+                    " (last entered #" + std::to_string(s) + ")";
+    }
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) != 0) host[0] = '?';
+    const std::string node = std::string("this node (") + host + ")";
+    if (late.empty()) return "; every rank on " + node + " arrived (a rank on another node may not have)";
+    return "; ranks on " + node + " that never arrived: " + late;
+}
+
+void loop() {
+    auto& w = watch();
+    std::unique_lock lock(w.m);
+    while (!w.stop) {
+        w.cv.wait_for(lock, std::chrono::milliseconds(50));
+        if (!w.active || w.stop) continue;
+        const double limit = state().timeout;
+        const double waited = std::chrono::duration<double>(Clock::now() - w.start).count();
+        if (limit <= 0 || waited < limit) continue;
+        char head[160];
+        std::snprintf(head, sizeof head, "watchdog: %s waited %.1f s (deadline %g s) in ",
+                      w.info.call, waited, limit);
+        const std::string what = head + describe(w.info) + ", call #" + std::to_string(w.seq) +
+                                 " on " + name_of(w.info.comm) + missing_ranks(w.seq, w.info.comm);
+        abort_job(what, 1);
+    }
+}
+
+// Two hooks: stopping the thread is local; freeing the board is collective,
+// so it is registered where every rank registers it alike (board set-up).
+void stop_hook() {
+    auto& w = watch();
+    {
+        std::lock_guard lock(w.m);
+        w.stop = true;
+        w.active = false;
+    }
+    w.cv.notify_all();
+    if (w.thread.joinable()) w.thread.join();
+}
+
+void free_board_hook() {
+    auto& b = board();
+    if (b.ready.exchange(false)) {
+        MPI_Win_free(&b.win);
+        MPI_Comm_free(&b.node);
+    }
+}
+
+}  // namespace
+
+void watchdog_arm(const CallInfo& info, std::uint64_t seq) {
+    auto& w = watch();
+    std::lock_guard lock(w.m);
+    if (!w.thread.joinable()) {
+        w.stop = false;
+        w.thread = std::thread(loop);
+        register_finalize_hook(stop_hook);
+    }
+    w.info = info;
+    w.seq = seq;
+    w.start = Clock::now();
+    w.active = true;
+}
+
+void watchdog_disarm() {
+    auto& w = watch();
+    std::lock_guard lock(w.m);
+    w.active = false;
+}
+
+void arrival_mark(std::uint64_t world_seq) {
+    constexpr const char* call = "mpiml watchdog";
+    auto& b = board();
+    if (!b.ready.load() && !b.tried) {
+        b.tried = true;  // once: a failed set-up is not retried (nor a collective again)
+        // Collective over the world: every rank is entering the same call.
+        check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &b.node),
+                  call);
+        int n = 0, me = 0;
+        check_mpi(MPI_Comm_size(b.node, &n), call);
+        check_mpi(MPI_Comm_rank(b.node, &me), call);
+        void* base = nullptr;
+        if (MPI_Win_allocate_shared(sizeof(std::uint64_t), sizeof(std::uint64_t), MPI_INFO_NULL,
+                                    b.node, &base, &b.win) != MPI_SUCCESS) {
+            MPI_Comm_free(&b.node);
+            return;  // no board: the watchdog still fires, without naming late ranks
+        }
+        b.mine = static_cast<std::uint64_t*>(base);
+        *b.mine = 0;
+        b.slots.resize(n);
+        for (int r = 0; r < n; ++r) {
+            MPI_Aint size = 0;
+            int disp = 0;
+            void* p = nullptr;
+            check_mpi(MPI_Win_shared_query(b.win, r, &size, &disp, &p), call);
+            b.slots[r] = static_cast<std::uint64_t*>(p);
+        }
+        MPI_Group gn, gw;
+        check_mpi(MPI_Comm_group(b.node, &gn), call);
+        check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &gw), call);
+        std::vector<int> nr(n);
+        for (int r = 0; r < n; ++r) nr[r] = r;
+        b.world_ranks.resize(n);
+        const int rc = MPI_Group_translate_ranks(gn, n, nr.data(), gw, b.world_ranks.data());
+        MPI_Group_free(&gn);
+        MPI_Group_free(&gw);
+        check_mpi(rc, call);
+        b.ready.store(true);
+        register_finalize_hook(free_board_hook);
+    }
+    if (b.ready.load(std::memory_order_relaxed))
+        std::atomic_ref<std::uint64_t>(*b.mine).store(world_seq, std::memory_order_relaxed);
+}
+
+}  // namespace mpiml::detail

@@ -1,0 +1,578 @@
+#include "core/config.hpp"
+#include "core/profile_hooks.hpp"
+#include "core/state.hpp"
+
+#include <mpiml/error.hpp>
+#include <mpiml/launch.hpp>
+#include <mpiml/session.hpp>
+
+#include <fcntl.h>
+#include <sched.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace mpiml {
+namespace detail {
+namespace {
+
+constexpr const char* call_name = "mpiml::mpi_fork";
+
+std::vector<std::string> environ_now() {
+    std::vector<std::string> env;
+    for (char** e = environ; e && *e; ++e) env.emplace_back(*e);
+    return env;
+}
+
+// The environment as the program started, before any MPI runtime added to it.
+const std::vector<std::string> initial_env = environ_now();
+
+bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+
+std::string env_name(const std::string& kv) { return kv.substr(0, kv.find('=')); }
+
+bool in_initial_env(const std::string& kv) {
+    for (const auto& e : initial_env)
+        if (e == kv) return true;
+    return false;
+}
+
+// Started by a launcher: Open MPI, PMIx (Open MPI, Slurm), MPICH's Hydra and
+// PMI-2 (Slurm) set these. The environment as the program started: an MPI
+// initialized since (a singleton) adds them too.
+bool initial_env_was_launched() {
+    for (const auto& e : initial_env) {
+        const auto n = env_name(e);
+        if (n == "OMPI_COMM_WORLD_RANK" || n == "OMPI_COMM_WORLD_SIZE" || n == "PMIX_RANK" ||
+            n == "PMI_RANK" || n == "PMI_SIZE")
+            return true;
+    }
+    return false;
+}
+
+// Variables an MPI runtime sets for its own processes. Passed on to a child
+// launcher they make it believe it is itself an MPI process (Open MPI 4.1's
+// mpirun then exits 1 without a word).
+bool is_runtime_var(const std::string& kv) {
+    const auto name = env_name(kv);
+    if (starts_with(name, "OMPI_ALLOW_RUN_AS_ROOT")) return false;
+    if (starts_with(name, "OMPI_MCA_"))  // user settings survive, runtime ones do not
+        return !(in_initial_env(kv) && !initial_env_was_launched());
+    static const char* prefixes[] = {"OMPI_", "PMIX_", "PMI_", "OPAL_", "ORTE_", "HYDI_",
+                                     "MPI_LOCALNRANKS", "MPI_LOCALRANKID"};
+    for (const char* p : prefixes)
+        if (starts_with(name, p)) return true;
+    return false;
+}
+
+bool is_executable(const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+std::string find_in_path(const std::string& name) {
+    if (name.find('/') != std::string::npos) return is_executable(name) ? name : "";
+    const char* path = std::getenv("PATH");
+    std::stringstream ss(path ? path : "/usr/local/bin:/usr/bin:/bin");
+    std::string dir;
+    while (std::getline(ss, dir, ':')) {
+        const std::string cand = (dir.empty() ? "." : dir) + "/" + name;
+        if (is_executable(cand)) return cand;
+    }
+    return "";
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& v) {
+    std::vector<char*> out;
+    for (auto& s : v) out.push_back(s.data());
+    out.push_back(nullptr);
+    return out;
+}
+
+// Runs argv with env, returns stdout+stderr (for "--version").
+std::string capture(std::vector<std::string> argv, std::vector<std::string> env) {
+    int fds[2];
+    if (::pipe(fds) != 0) return "";
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+    posix_spawn_file_actions_addclose(&fa, fds[0]);
+    auto a = c_strings(argv);
+    auto e = c_strings(env);
+    pid_t pid = 0;
+    const int rc = posix_spawn(&pid, a[0], &fa, nullptr, a.data(), e.data());
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(fds[1]);
+    std::string out;
+    if (rc == 0) {
+        char buf[4096];
+        ssize_t k;
+        while ((k = ::read(fds[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(k));
+        int status = 0;
+        while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+    }
+    ::close(fds[0]);
+    return out;
+}
+
+int available_cores() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+    const unsigned n = std::thread::hardware_concurrency();
+    return n ? static_cast<int>(n) : 1;
+}
+
+std::vector<std::string> own_argv() {
+    std::ifstream f("/proc/self/cmdline", std::ios::binary);
+    const std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::vector<std::string> args;
+    std::size_t start = 0;
+    while (start < all.size()) {
+        const auto end = all.find('\0', start);
+        args.push_back(all.substr(start, end - start));
+        if (end == std::string::npos) break;
+        start = end + 1;
+    }
+    return args;
+}
+
+std::string own_exe() {
+    std::vector<char> buf(4096);
+    const ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+    if (n <= 0) fail(call_name, "cannot read /proc/self/exe: " + std::string(std::strerror(errno)));
+    return std::string(buf.data(), static_cast<std::size_t>(n));
+}
+
+LauncherKind kind_of(const std::string& launcher, const std::vector<std::string>& env) {
+    const std::string version = capture({launcher, "--version"}, env);
+    if (version.find("Open MPI") != std::string::npos || version.find("OpenRTE") != std::string::npos)
+        return LauncherKind::open_mpi;
+    if (version.find("HYDRA") != std::string::npos || version.find("MPICH") != std::string::npos)
+        return LauncherKind::mpich;
+    if (version.rfind("slurm", 0) == 0) return LauncherKind::slurm;  // srun --version: "slurm 22.05.8"
+    return LauncherKind::unknown;
+}
+
+// The MPI this program is linked against (callable before MPI_Init).
+LauncherKind linked_kind() {
+    char v[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+    int len = 0;
+    if (MPI_Get_library_version(v, &len) != MPI_SUCCESS) return LauncherKind::unknown;
+    const std::string s(v, static_cast<std::size_t>(len));
+    if (s.find("Open MPI") != std::string::npos) return LauncherKind::open_mpi;
+    if (s.find("MPICH") != std::string::npos) return LauncherKind::mpich;
+    return LauncherKind::unknown;
+}
+
+const char* kind_name(LauncherKind k) {
+    return k == LauncherKind::open_mpi ? "Open MPI"
+           : k == LauncherKind::mpich  ? "MPICH"
+           : k == LauncherKind::slurm  ? "Slurm"
+                                       : "an unknown MPI";
+}
+
+}  // namespace
+
+// One thread per rank for OpenMP, MKL and the BLAS libraries Debian can
+// switch libblas.so.3 to (OpenBLAS, BLIS).
+constexpr const char* thread_vars[] = {"OMP_NUM_THREADS",      "MKL_NUM_THREADS",
+                                       "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                                       "BLIS_NUM_THREADS"};
+constexpr const char* forked_vars[] = {"IN_MPI",               "OMP_NUM_THREADS",
+                                       "MKL_NUM_THREADS",      "OPENBLAS_NUM_THREADS",
+                                       "GOTO_NUM_THREADS",     "BLIS_NUM_THREADS"};
+
+namespace {
+
+// This process's environment without the MPI runtime's variables, with
+// IN_MPI=1 and one thread per rank.
+std::vector<std::string> forked_env() {
+    std::vector<std::string> env;
+    for (auto& kv : environ_now())
+        if (!is_runtime_var(kv)) env.push_back(kv);
+    for (const char* name : forked_vars)
+        std::erase_if(env, [&](const std::string& kv) { return env_name(kv) == name; });
+    env.emplace_back("IN_MPI=1");
+    for (const char* name : thread_vars) env.push_back(std::string(name) + "=1");
+    return env;
+}
+
+// The launcher MPIML_MPIRUN names, or else the one of the MPI this program
+// is linked against: with several MPIs installed, `mpirun` may be another
+// MPI's launcher, whose ranks would each start alone as rank 0 of 1.
+void choose_launcher(LaunchPlan& plan, const LaunchConfig& cfg) {
+    if (!cfg.launcher.empty()) {
+        plan.launcher = find_in_path(cfg.launcher);
+        if (plan.launcher.empty())
+            fail(call_name, "MPIML_MPIRUN='" + cfg.launcher + "' is not an executable file");
+        plan.kind = kind_of(plan.launcher, plan.env);
+        return;
+    }
+    const LauncherKind linked = linked_kind();
+    std::vector<const char*> names;
+    if (linked == LauncherKind::open_mpi) names = {"mpirun.openmpi", "mpiexec.openmpi"};
+    if (linked == LauncherKind::mpich) names = {"mpiexec.mpich", "mpirun.mpich", "mpiexec.hydra"};
+    names.insert(names.end(), {"mpirun", "mpiexec"});
+    std::string first;
+    LauncherKind first_kind = LauncherKind::unknown;
+    for (const char* name : names) {
+        const std::string path = find_in_path(name);
+        if (path.empty()) continue;
+        const LauncherKind k = kind_of(path, plan.env);
+        if (first.empty()) first = path, first_kind = k;
+        if (linked == LauncherKind::unknown || k == linked) {
+            plan.launcher = path;
+            plan.kind = k;
+            return;
+        }
+    }
+    if (first.empty())
+        fail(call_name,
+             "no MPI launcher found (mpirun or mpiexec on PATH): install openmpi-bin or "
+             "mpich, or set MPIML_MPIRUN to the launcher's path");
+    if (first_kind != LauncherKind::unknown)
+        fail(call_name, std::string("this program is linked against ") + kind_name(linked) +
+                            " but the only launcher found, " + first + ", is " +
+                            kind_name(first_kind) +
+                            "'s (its ranks would each run alone); set MPIML_MPIRUN to " +
+                            kind_name(linked) + "'s launcher");
+    plan.launcher = first;
+    plan.kind = first_kind;
+}
+
+// The launcher's own options for n ranks.
+void launcher_options(LaunchPlan& plan, int n, bool bind_to_core, const LaunchConfig& cfg) {
+    auto& a = plan.argv;
+    const bool oversubscribed = n > available_cores();
+    switch (plan.kind) {
+        case LauncherKind::open_mpi:
+            a.insert(a.end(), {"-np", std::to_string(n)});
+            if (oversubscribed) a.emplace_back("--oversubscribe");
+            if (::geteuid() == 0) a.emplace_back("--allow-run-as-root");
+            if (bind_to_core)
+                a.insert(a.end(), {"--bind-to", oversubscribed ? "core:overload-allowed" : "core"});
+            for (const char* v : forked_vars) a.insert(a.end(), {"-x", v});
+            break;
+        case LauncherKind::mpich:
+            a.insert(a.end(), {"-n", std::to_string(n)});
+            if (bind_to_core) a.insert(a.end(), {"-bind-to", "core"});
+            break;
+        case LauncherKind::slurm:  // srun inside an allocation (MPIML_MPIRUN=srun)
+            a.insert(a.end(), {"-n", std::to_string(n)});
+            if (bind_to_core) a.emplace_back("--cpu-bind=cores");
+            if (!cfg.hostfile.empty())
+                fail(call_name, "MPIML_HOSTFILE does not apply to srun: the allocation gives the hosts");
+            break;
+        case LauncherKind::unknown:
+            a.insert(a.end(), {"-np", std::to_string(n)});
+            break;
+    }
+    // MPIML_HOSTFILE: ranks go to the hosts it lists (Open MPI --hostfile, MPICH -f).
+    if (!cfg.hostfile.empty())
+        a.insert(a.end(), {plan.kind == LauncherKind::mpich ? "-f" : "--hostfile", cfg.hostfile});
+    a.insert(a.end(), cfg.extra_flags.begin(), cfg.extra_flags.end());
+}
+
+}  // namespace
+
+LaunchPlan plan_program(int n, bool bind_to_core, const std::vector<std::string>& program) {
+    if (n < 1) fail(call_name, "n must be at least 1, got " + std::to_string(n));
+    if (program.empty()) fail(call_name, "no program to launch");
+    const LaunchConfig cfg = read_launch_config(call_name);
+    LaunchPlan plan;
+    plan.env = forked_env();
+    choose_launcher(plan, cfg);
+    plan.argv.push_back(plan.launcher);
+    launcher_options(plan, n, bind_to_core, cfg);
+    plan.argv.insert(plan.argv.end(), program.begin(), program.end());
+    return plan;
+}
+
+LaunchPlan plan_fork(int n, bool bind_to_core) {
+    // The program itself, argv byte for byte.
+    std::vector<std::string> program{own_exe()};
+    const auto args = own_argv();
+    program.insert(program.end(), args.begin() + (args.empty() ? 0 : 1), args.end());
+    return plan_program(n, bind_to_core, program);
+}
+
+namespace {
+
+volatile std::sig_atomic_t interrupted = 0;
+pid_t running_launcher = 0;
+void on_interrupt(int sig) {
+    interrupted = sig;
+    // Ctrl-C reaches the launcher through the terminal; a SIGTERM sent to this
+    // process alone is passed on.
+    if (sig == SIGTERM && running_launcher > 0) ::kill(running_launcher, SIGTERM);
+}
+
+// Runs argv with env; the launcher's stderr passes through, and its lines
+// that name a rank ending on a signal or a lost host are kept in `noticed`.
+int spawn_and_wait(const LaunchPlan& plan, std::vector<std::string> argv, std::vector<std::string> env,
+                   std::string& noticed) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) fail(call_name, std::string("pipe: ") + std::strerror(errno));
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+    auto a = c_strings(argv);
+    auto e = c_strings(env);
+    pid_t pid = 0;
+    const int rc = posix_spawn(&pid, a[0], &fa, nullptr, a.data(), e.data());
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(fds[1]);
+    running_launcher = rc == 0 ? pid : 0;
+    if (rc != 0) {
+        ::close(fds[0]);
+        fail(call_name, "cannot start " + plan.launcher + ": " + std::strerror(rc));
+    }
+    std::string line;
+    char buf[4096];
+    ssize_t k;
+    auto keep = [&](const std::string& l) {
+        const bool rank_line = l.find("rank") != std::string::npos || l.find("node") != std::string::npos;
+        if (rank_line && (l.find("signal") != std::string::npos || l.find("lost") != std::string::npos ||
+                          l.find("Killed") != std::string::npos))
+            noticed = l;
+    };
+    while ((k = ::read(fds[0], buf, sizeof buf)) != 0) {
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        [[maybe_unused]] const ssize_t w = ::write(2, buf, static_cast<std::size_t>(k));
+        for (ssize_t i = 0; i < k; ++i) {
+            if (buf[i] == '\n') {
+                keep(line);
+                line.clear();
+            } else if (line.size() < 1024) {
+                line += buf[i];
+            }
+        }
+    }
+    keep(line);
+    ::close(fds[0]);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR) fail(call_name, std::string("waitpid: ") + std::strerror(errno));
+    }
+    running_launcher = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+}
+
+std::string first_line(const std::string& path) {
+    std::ifstream f(path);
+    std::string l;
+    std::getline(f, l);
+    return l;
+}
+
+std::string trim(std::string s) {
+    const auto b = s.find_first_not_of(" \t");
+    if (b == std::string::npos) return "";
+    const auto e = s.find_last_not_of(" \t\r");
+    return s.substr(b, e - b + 1);
+}
+
+}  // namespace
+
+std::vector<HostSlots> read_hostfile(const std::string& path, const char* call) {
+    std::ifstream f(path);
+    if (!f) fail(call, "cannot read the hostfile " + path);
+    std::vector<HostSlots> hosts;
+    for (std::string line; std::getline(f, line);) {
+        line = line.substr(0, line.find('#'));
+        std::stringstream ss(line);
+        std::string name;
+        if (!(ss >> name)) continue;
+        HostSlots h;
+        if (const auto c = name.find(':'); c != std::string::npos) {  // MPICH: host:slots
+            h.slots = std::atoi(name.c_str() + c + 1);
+            name.resize(c);
+        }
+        for (std::string w; ss >> w;)
+            if (w.rfind("slots=", 0) == 0) h.slots = std::atoi(w.c_str() + 6);
+        if (h.slots < 1) fail(call, "hostfile " + path + ": host " + name + " has no slots");
+        h.host = name;
+        hosts.push_back(h);
+    }
+    if (hosts.empty()) fail(call, "the hostfile " + path + " lists no host");
+    return hosts;
+}
+
+bool host_reachable(const LaunchPlan& plan, const std::string& host, double timeout) {
+    std::vector<std::string> argv{plan.launcher};
+    if (plan.kind == LauncherKind::mpich) {
+        argv.insert(argv.end(), {"-hosts", host, "-n", "1"});
+    } else if (plan.kind == LauncherKind::slurm) {
+        argv.insert(argv.end(), {"-w", host, "-N", "1", "-n", "1"});
+    } else {
+        argv.insert(argv.end(), {"--host", host, "-np", "1"});
+        if (::geteuid() == 0) argv.emplace_back("--allow-run-as-root");
+    }
+    argv.emplace_back("/bin/true");
+    auto a = c_strings(argv);
+    auto e = c_strings(const_cast<std::vector<std::string>&>(plan.env));
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    posix_spawnattr_t at;
+    posix_spawnattr_init(&at);
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);  // its own group, to end it whole
+    pid_t pid = 0;
+    const int rc = posix_spawn(&pid, a[0], &fa, &at, a.data(), e.data());
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    if (rc != 0) return false;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+    int status = 0;
+    for (;;) {
+        const pid_t w = ::waitpid(pid, &status, WNOHANG);
+        if (w == pid) return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        if (w < 0 && errno != EINTR) return false;
+        if (std::chrono::steady_clock::now() > end) {
+            ::kill(-pid, SIGKILL);
+            while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+            }
+            return false;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+}
+
+int run_with_restarts(const LaunchPlan& initial, int restarts, double backoff, const char* who,
+                      const std::function<bool(LaunchPlan&)>& before_restart) {
+    LaunchPlan plan = initial;
+    if (restarts < 0) fail(who, "restarts must be >= 0, got " + std::to_string(restarts));
+    if (!(backoff >= 0) || backoff > 3600) fail(who, "backoff must be 0-3600 seconds");
+    char dir[] = "/tmp/mpiml-run-XXXXXX";
+    if (!::mkdtemp(dir)) fail(who, std::string("mkdtemp: ") + std::strerror(errno));
+    const std::string record = std::string(dir) + "/abort-record";
+    auto env_of = [&](const LaunchPlan& p) {
+        std::vector<std::string> env;
+        for (const auto& kv : p.env) {
+            const auto name = env_name(kv);
+            if (name != "MPIML_ATTEMPT" && name != "MPIML_ABORT_RECORD") env.push_back(kv);
+        }
+        env.push_back("MPIML_ABORT_RECORD=" + record);
+        return env;
+    };
+    auto argv_of = [&](const LaunchPlan& p) {
+        std::vector<std::string> argv = p.argv;
+        if (p.kind == LauncherKind::open_mpi)  // to ranks on other hosts too
+            argv.insert(argv.begin() + 1, {"-x", "MPIML_ATTEMPT", "-x", "MPIML_ABORT_RECORD"});
+        return argv;
+    };
+    std::vector<std::string> env = env_of(plan), argv = argv_of(plan);
+    // Ctrl-C or SIGTERM ends the job for good: no restart after it.
+    interrupted = 0;
+    struct sigaction sa {}, old_int{}, old_term{};
+    sa.sa_handler = on_interrupt;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int);
+    ::sigaction(SIGTERM, &sa, &old_term);
+    int code = 0;
+    double wait = backoff;
+    for (int attempt = 0;; ++attempt) {
+        std::vector<std::string> e = env;
+        e.push_back("MPIML_ATTEMPT=" + std::to_string(attempt));
+        ::unlink(record.c_str());
+        std::fflush(nullptr);
+        std::string noticed;
+        code = spawn_and_wait(plan, argv, e, noticed);
+        if (code == 0) break;
+        std::string why = first_line(record);
+        if (why.empty()) why = trim(noticed);
+        if (why.empty()) why = "no rank recorded why";
+        const bool last = attempt >= restarts || interrupted;
+        char head[160];
+        std::snprintf(head, sizeof head, "[mpiml] %s: attempt %d of %d failed with status %d (", who,
+                      attempt + 1, restarts + 1, code);
+        std::string msg = head + why + ")";
+        if (last) {
+            msg += interrupted ? "; interrupted, no restart\n"
+                               : restarts > 0 ? "; no restarts left\n" : "\n";
+        } else {
+            char tail[64];
+            std::snprintf(tail, sizeof tail, "; restarting in %.3g s\n", wait);
+            msg += tail;
+        }
+        [[maybe_unused]] const ssize_t w = ::write(2, msg.data(), msg.size());
+        if (last) break;
+        std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+        wait *= 2;
+        if (interrupted) break;
+        if (before_restart) {
+            if (!before_restart(plan)) break;
+            env = env_of(plan);
+            argv = argv_of(plan);
+        }
+    }
+    ::sigaction(SIGINT, &old_int, nullptr);
+    ::sigaction(SIGTERM, &old_term, nullptr);
+    ::unlink(record.c_str());
+    ::rmdir(dir);
+    return code;
+}
+
+bool started_by_launcher() { return launched_by_mpi_fork() || initial_env_was_launched(); }
+
+}  // namespace detail
+
+void mpi_fork(int n, bool bind_to_core) { mpi_fork(n, ForkOptions{bind_to_core, 0, 1.0}); }
+
+void mpi_fork(int n, const ForkOptions& options) {
+    if (n < 0) detail::fail("mpiml::mpi_fork", "n must be >= 0, got " + std::to_string(n));
+    if (options.restarts < 0)
+        detail::fail("mpiml::mpi_fork", "restarts must be >= 0, got " + std::to_string(options.restarts));
+    if (n <= 1) return;
+    if (detail::started_by_launcher()) return;
+    auto plan = detail::plan_fork(n, options.bind_to_core);
+    // The ranks write the profile; this process must not overwrite it at exit.
+    detail::profile_discard();
+    std::fflush(nullptr);
+    if (options.restarts > 0)
+        std::exit(detail::run_with_restarts(plan, options.restarts, options.backoff, "mpiml::mpi_fork"));
+    auto argv = detail::c_strings(plan.argv);
+    auto envp = detail::c_strings(plan.env);
+    pid_t pid = 0;
+    const int rc = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
+    if (rc != 0)
+        detail::fail("mpiml::mpi_fork",
+                     "cannot start " + plan.launcher + ": " + std::strerror(rc));
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR)
+            detail::fail("mpiml::mpi_fork", std::string("waitpid: ") + std::strerror(errno));
+    }
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status)
+                     : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
+                                           : 1;
+    std::exit(code);
+}
+
+int restart_attempt() { return detail::env_config().attempt; }
+
+}  // namespace mpiml

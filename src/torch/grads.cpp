@@ -1,0 +1,858 @@
+// mpi_avg_grads and GradAverager.
+//
+// Gradients are packed, in parameter order, into one cached flat buffer per
+// bucket (per wire dtype, up to bucket_cap_bytes; a node shared-memory bucket
+// when the shared path applies) and reduced with one allreduce per bucket; contiguous CPU tensors are packed with plain loops,
+// anything else (strides, other devices, sparse) through ATen copies.
+// float16 and bfloat16 travel and are summed as float32, then converted back.
+#include "torch/common.hpp"
+
+#include "core/state.hpp"
+
+#include <mpiml/error.hpp>
+#include <mpiml/shm.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <tuple>
+#include <unordered_set>
+
+namespace mpiml {
+using namespace torch_detail;
+namespace {
+
+// --------------------------------------------------- pack / unpack loops
+
+template <class W, class T>
+void to_wire(const void* src, void* dst, std::size_t n) {
+    if constexpr (std::is_same_v<W, T>) {
+        std::memcpy(dst, src, n * sizeof(T));
+    } else {
+        const T* s = static_cast<const T*>(src);
+        W* d = static_cast<W*>(dst);
+        for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<W>(s[i]);
+    }
+}
+
+template <class W>
+struct real_type {
+    using type = W;
+};
+template <class R>
+struct real_type<c10::complex<R>> {
+    using type = R;
+};
+
+/// d = s * scale, converted to T. Multiplying by 1/ranks instead of dividing:
+/// divps/divpd made this loop the bottleneck; exact when ranks is a power of two,
+/// otherwise within one more rounding of the quotient.
+template <class W, class T>
+void from_wire_scaled(const void* src, void* dst, std::size_t n,
+                      typename real_type<W>::type scale) {
+    const W* s = static_cast<const W*>(src);
+    T* d = static_cast<T*>(dst);
+    for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<T>(s[i] * scale);
+}
+
+template <class W>
+void scale_in_place(void* data, std::size_t n, typename real_type<W>::type scale) {
+    W* d = static_cast<W*>(data);
+    for (std::size_t i = 0; i < n; ++i) d[i] *= scale;
+}
+
+/// Packs the plain tensor t (dtype s) into dst as its wire type.
+void pack_plain(const at::Tensor& t, void* dst) {
+    const void* src = t.data_ptr();
+    const auto n = static_cast<std::size_t>(t.numel());
+    if (!with_grad_dtype(t.scalar_type(), [&]<class W, class T>() { to_wire<W, T>(src, dst, n); }))
+        detail::fail("mpiml::mpi_avg_grads", "internal error: pack_plain got dtype " + dtype_name(t.scalar_type()));
+}
+
+/// Writes src / ranks into the plain tensor t.
+void unpack_plain_avg(const void* src, const at::Tensor& t, int ranks) {
+    void* dst = t.data_ptr();
+    const auto n = static_cast<std::size_t>(t.numel());
+    const bool ok = with_grad_dtype(t.scalar_type(), [&]<class W, class T>() {
+        using R = typename real_type<W>::type;
+        from_wire_scaled<W, T>(src, dst, n, R(1) / static_cast<R>(ranks));
+    });
+    if (!ok)
+        detail::fail("mpiml::mpi_avg_grads", "internal error: unpack_plain_avg got dtype " + dtype_name(t.scalar_type()));
+}
+
+/// Divides n elements of dtype s (float, double or complex) at data by ranks.
+void average_in_place(at::ScalarType s, void* data, std::size_t n, int ranks) {
+    bool done = false;
+    with_grad_dtype(s, [&]<class W, class T>() {
+        if constexpr (std::is_same_v<W, T>) {  // stored as summed: no half types
+            using R = typename real_type<W>::type;
+            scale_in_place<W>(data, n, R(1) / static_cast<R>(ranks));
+            done = true;
+        }
+    });
+    if (!done)
+        detail::fail("mpiml::mpi_avg_grads", "internal error: average_in_place got dtype " + dtype_name(s));
+}
+
+// --------------------------------------------------------- mpi_avg_grads
+
+struct GradEntry {
+    at::Tensor param;
+    std::size_t index;  // position in the caller's parameter list
+    Wire wire;
+    std::size_t numel;
+    std::size_t bucket = 0;
+    bool defined_here = false;  // gradient defined on this rank on entry
+};
+
+/// Fused buckets are packed into the scratch buffer, with one flag per entry at
+/// the tail counting the ranks that had a gradient. A direct bucket is one
+/// gradient larger than the cap, reduced in its own memory (staged through the
+/// scratch buffer only when it is not contiguous here); its flag rides in the
+/// last fused bucket (or, without one, in a small allreduce of its own).
+/// Splitting smaller gradients off into direct buckets was measured slower than
+/// copying them (more collectives), so only those larger than the cap are.
+struct Bucket {
+    Wire wire;
+    bool direct;
+    std::size_t first = 0;  // into GradState::order
+    std::size_t entries = 0;
+    std::size_t payload = 0;  // elements, flags excluded
+    std::size_t flags = 0;    // flag slots after the payload
+};
+
+struct GradState {
+    Scratch scratch;
+    std::unique_ptr<SharedBucket> shared;  // packed buckets, in node shared memory
+    MPI_Comm shared_comm = MPI_COMM_NULL;
+    std::vector<GradEntry> entries;
+    std::vector<std::size_t> order;  // entry indices, bucket by bucket
+    std::vector<std::size_t> fill;
+    std::vector<Bucket> buckets;
+    std::vector<std::size_t> direct;    // bucket indices of the direct buckets
+    std::vector<char> direct_any;       // per direct bucket: some rank had a gradient
+    std::size_t largest = 0;            // scratch bytes the plan needs
+    std::size_t largest_fused = 0;      // bytes of the largest fused bucket
+};
+
+/// The flag's value: a float or double, or the real part of a complex.
+double flag_value(const Wire& w, const void* p) {
+    switch (w.scalar) {
+        case at::kFloat:
+        case at::kComplexFloat: return *static_cast<const float*>(p);
+        default: return *static_cast<const double*>(p);
+    }
+}
+
+void set_flag(const Wire& w, void* p, bool on) {
+    std::memset(p, 0, w.size);
+    if (!on) return;
+    switch (w.scalar) {
+        case at::kFloat:
+        case at::kComplexFloat: *static_cast<float*>(p) = 1.0f; break;  // real part
+        default: *static_cast<double*>(p) = 1.0; break;
+    }
+}
+
+void check_numel(const GradEntry& e, const at::Tensor& g) {
+    if (g.numel() != static_cast<std::int64_t>(e.numel))
+        throw std::invalid_argument("the gradient of parameter #" + std::to_string(e.index) +
+                                    " has " + std::to_string(g.numel()) +
+                                    " elements but the parameter has " +
+                                    std::to_string(e.numel));
+}
+
+/// Packs p's gradient into dst as the wire type (zeros when undefined).
+void pack_grad(const GradEntry& e, void* dst) {
+    const at::Tensor& g = e.param.grad();
+    if (!g.defined()) {
+        std::memset(dst, 0, e.numel * e.wire.size);
+        return;
+    }
+    check_numel(e, g);
+    if (plain(g, e.param.scalar_type())) {
+        pack_plain(g, dst);
+    } else {
+        const at::Tensor src = g.layout() == at::kStrided ? g : g.to_dense();
+        wire_view(dst, e.param.sizes(), e.wire.scalar).copy_(src.view(e.param.sizes()));
+    }
+}
+
+/// Writes src / ranks into p's gradient, creating it when undefined here.
+void unpack_grad(const GradEntry& e, void* src, int ranks) {
+    at::Tensor& g = e.param.mutable_grad();
+    const at::ScalarType s = e.param.scalar_type();
+    if (!g.defined()) g = at::empty(e.param.sizes(), e.param.options());
+    check_numel(e, g);
+    if (plain(g, s)) {
+        unpack_plain_avg(src, g, ranks);
+        return bump_version(g);
+    }
+    at::Tensor v = wire_view(src, e.param.sizes(), e.wire.scalar);
+    v.div_(ranks);
+    if (g.layout() == at::kStrided)
+        g.copy_(v.view(g.sizes()));
+    else
+        g = v.to(g.options().layout(at::kStrided), /*non_blocking=*/false, /*copy=*/true);
+}
+
+/// Fixed plan, the same on every rank (it depends only on dtypes, sizes and
+/// options): wires in order of first appearance, parameter order within; a
+/// gradient larger than the cap whose dtype travels as is gets a direct
+/// bucket. Returns the scratch bytes needed.
+std::size_t plan_buckets(GradState& st, const AvgGradsOptions& opts) {
+    st.buckets.clear();
+    st.direct.clear();
+    std::array<Wire, 4> wires{};  // float, double, complex float, complex double
+    std::size_t n_wires = 0;
+    for (const GradEntry& e : st.entries)
+        if (std::none_of(wires.begin(), wires.begin() + n_wires,
+                         [&](const Wire& w) { return w.mpi == e.wire.mpi; }))
+            wires[n_wires++] = e.wire;
+    for (std::size_t wi = 0; wi < n_wires; ++wi) {
+        const Wire& w = wires[wi];
+        std::size_t open = SIZE_MAX;  // the fused bucket being filled
+        for (GradEntry& e : st.entries) {
+            if (e.wire.mpi != w.mpi) continue;
+            if (e.param.scalar_type() == w.scalar && e.numel * w.size > opts.bucket_cap_bytes) {
+                e.bucket = st.buckets.size();
+                st.direct.push_back(e.bucket);
+                st.buckets.push_back({w, true, 0, 1, e.numel, 0});
+                continue;
+            }
+            if (open == SIZE_MAX ||
+                (st.buckets[open].payload + e.numel) * w.size > opts.bucket_cap_bytes) {
+                open = st.buckets.size();
+                st.buckets.push_back({w, false});
+            }
+            e.bucket = open;
+            st.buckets[open].entries += 1;
+            st.buckets[open].payload += e.numel;
+        }
+    }
+    // Entry order per bucket (counting sort keeps parameter order).
+    st.fill.assign(st.buckets.size(), 0);
+    std::size_t pos = 0;
+    for (Bucket& b : st.buckets) {
+        b.first = pos;
+        pos += b.entries;
+        b.flags = b.direct ? 0 : b.entries;
+    }
+    st.order.resize(st.entries.size());
+    for (std::size_t j = 0; j < st.entries.size(); ++j) {
+        const std::size_t bi = st.entries[j].bucket;
+        st.order[st.buckets[bi].first + st.fill[bi]++] = j;
+    }
+    for (auto it = st.buckets.rbegin(); it != st.buckets.rend(); ++it)
+        if (!it->direct) {
+            it->flags += st.direct.size();  // the carrier of the direct flags
+            break;
+        }
+    std::size_t largest = st.direct.size() * sizeof(float);
+    for (const Bucket& b : st.buckets)
+        largest = std::max(largest, (b.payload + b.flags) * b.wire.size);
+    return largest;
+}
+
+// ------------------------------------------- gradient as bucket view
+
+/// A gradient kept as a view into a shared bucket.
+struct ViewEntry {
+    std::size_t param;   // index into the eligible parameter list
+    std::size_t offset;  // elements from the bucket start (64-byte aligned)
+};
+
+struct ViewBucket {
+    Wire wire;
+    std::vector<ViewEntry> entries;
+    std::size_t payload = 0;  // elements, padding included, flags excluded
+    std::unique_ptr<SharedBucket> mem;
+};
+
+using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+struct ViewState {
+    MPI_Comm comm = MPI_COMM_NULL;
+    std::size_t cap = 0;
+    std::vector<std::tuple<const void*, std::int64_t, int>> signature;
+    std::vector<ViewBucket> buckets;
+    std::vector<WeakImpl> params;  // the planned parameters, not kept alive
+    std::vector<c10::TensorImpl*> in_place;  // run_views' scratch, one bucket
+};
+
+/// Gradients still viewing st's buckets get their own memory back, and the
+/// buckets are freed (collective: every rank releases the same plan).
+void release_views(ViewState& st) {
+    for (const WeakImpl& w : st.params) {
+        auto impl = w.lock();
+        if (!impl) continue;
+        const at::Tensor p(std::move(impl));
+        const at::Tensor& g = p.grad();
+        if (!g.defined()) continue;
+        const auto* d = static_cast<const std::byte*>(g.data_ptr());
+        for (const auto& b : st.buckets) {
+            const auto* lo = static_cast<const std::byte*>(b.mem->data());
+            if (d >= lo && d < lo + b.mem->size_bytes()) {
+                p.mutable_grad() = g.clone();
+                break;
+            }
+        }
+    }
+    st.buckets.clear();
+    st.params.clear();
+    st.signature.clear();
+}
+
+/// Contiguous CPU parameters summed in their own dtype (float32, float64,
+/// complex): their gradients can be plain views of a bucket in that dtype.
+bool view_eligible(const at::Tensor& p) {
+    if (p.layout() != at::kStrided || !p.is_cpu() || !p.is_contiguous()) return false;
+    const auto wire = sum_wire(p.scalar_type());
+    return wire && wire->scalar == p.scalar_type() && has_gradients(p.scalar_type());
+}
+
+/// Collective: every rank plans the same buckets from the same parameter list.
+void plan_views(ViewState& st, const std::vector<at::Tensor>& params, std::size_t cap,
+                MPI_Comm comm) {
+    release_views(st);  // collective: every rank re-plans at the same call
+    for (const auto& p : params) st.params.emplace_back(p.getIntrusivePtr());
+    st.comm = comm;
+    st.cap = cap;
+    std::vector<Wire> wires;
+    for (const auto& p : params) {
+        const Wire w = *sum_wire(p.scalar_type());
+        if (std::none_of(wires.begin(), wires.end(), [&](const Wire& x) { return x.mpi == w.mpi; }))
+            wires.push_back(w);
+    }
+    for (const Wire& w : wires) {
+        const std::size_t align = 64 / w.size;  // elements per cache line
+        for (std::size_t i = 0; i < params.size(); ++i) {
+            if (sum_wire(params[i].scalar_type())->mpi != w.mpi) continue;
+            const auto n = static_cast<std::size_t>(params[i].numel());
+            ViewBucket* b = st.buckets.empty() ? nullptr : &st.buckets.back();
+            const std::size_t start = b ? (b->payload + align - 1) / align * align : 0;
+            if (!b || b->wire.mpi != w.mpi || (b->payload > 0 && (start + n) * w.size > cap)) {
+                st.buckets.push_back({w, {}, 0, nullptr});
+                b = &st.buckets.back();
+            }
+            const std::size_t off = (b->payload + align - 1) / align * align;
+            b->entries.push_back({i, off});
+            b->payload = off + n;
+        }
+    }
+    for (auto& b : st.buckets) {
+        b.mem = std::make_unique<SharedBucket>((b.payload + b.entries.size()) * b.wire.size,
+                                               Comm(comm));
+        std::memset(b.mem->data(), 0, b.mem->size_bytes());
+    }
+}
+
+using ViewSignature = std::vector<std::tuple<const void*, std::int64_t, int>>;
+
+ViewSignature view_signature(const std::vector<at::Tensor>& params) {
+    ViewSignature sig;
+    sig.reserve(params.size());
+    for (const auto& p : params)
+        sig.emplace_back(p.unsafeGetTensorImpl(), p.numel(), static_cast<int>(p.scalar_type()));
+    return sig;
+}
+
+/// Averages params' gradients in st's buckets (planned for these params).
+void run_views(ViewState& st, const std::vector<at::Tensor>& params, const char* call) {
+
+    torch::NoGradGuard no_grad;
+    std::string deferred;  // a local failure, thrown after the collectives
+    for (ViewBucket& b : st.buckets) {
+        const std::size_t es = b.wire.size;
+        auto* base = static_cast<std::byte*>(b.mem->data());
+        std::byte* flags = base + b.payload * es;
+        // The gradients already in place (else null): their versions are
+        // bumped after the average.
+        auto& in_place = st.in_place;
+        in_place.assign(b.entries.size(), nullptr);
+        for (std::size_t k = 0; k < b.entries.size(); ++k) {
+            const at::Tensor& p = params[b.entries[k].param];
+            std::byte* dst = base + b.entries[k].offset * es;
+            const at::Tensor& g = p.grad();
+            const auto n = static_cast<std::size_t>(p.numel());
+            bool defined = g.defined();
+            if (defined && g.data_ptr() == dst && plain(g, p.scalar_type()) &&
+                g.sizes() == p.sizes()) {
+                in_place[k] = g.unsafeGetTensorImpl();  // nothing to pack
+            } else if (defined) {
+                try {
+                    if (g.numel() != p.numel())
+                        throw std::invalid_argument(
+                            "a gradient has " + std::to_string(g.numel()) +
+                            " elements but its parameter has " + std::to_string(p.numel()));
+                    const at::Tensor src = g.layout() == at::kStrided ? g : g.to_dense();
+                    wire_view(dst, p.sizes(), p.scalar_type()).copy_(src.view(p.sizes()));
+                } catch (const std::exception& ex) {
+                    if (deferred.empty()) deferred = ex.what();
+                    std::memset(dst, 0, n * es);
+                    defined = false;
+                }
+            } else {
+                std::memset(dst, 0, n * es);
+            }
+            set_flag(b.wire, flags + k * es, defined);
+        }
+        // Averages the gradients and the flags (non-zero: some rank had one).
+        detail::average(b.mem->data(), b.payload + b.entries.size(), b.wire.mpi, b.mem->comm(),
+                        call);
+        for (std::size_t k = 0; k < b.entries.size(); ++k) {
+            const at::Tensor& p = params[b.entries[k].param];
+            if (in_place[k]) {
+                bump_version(in_place[k]);
+            } else if (flag_value(b.wire, flags + k * es) != 0.0) {
+                p.mutable_grad() =
+                    at::from_blob(base + b.entries[k].offset * es, p.sizes(), p.options());
+            }
+        }
+    }
+    if (!deferred.empty()) detail::fail(call, deferred);
+}
+
+/// The free function's plans for gradient_as_bucket_view, one per parameter
+/// list (per model), least recently used dropped past kCachedPlans per
+/// communicator.
+constexpr std::size_t kCachedPlans = 8;
+struct ViewCache {
+    struct Entry {
+        ViewState st;
+        std::uint64_t used = 0;
+    };
+    std::vector<std::unique_ptr<Entry>> entries;
+    std::uint64_t clock = 0;
+};
+ViewCache& view_cache() {
+    thread_local ViewCache c;
+    return c;
+}
+
+void avg_grads_as_views(const std::vector<at::Tensor>& params, const AvgGradsOptions& opts,
+                        MPI_Comm comm, const char* call) {
+    ViewCache& cache = view_cache();
+    ViewSignature sig = view_signature(params);
+    ViewCache::Entry* hit = nullptr;
+    for (auto& e : cache.entries)
+        if (e->st.signature == sig && e->st.comm == comm && e->st.cap == opts.bucket_cap_bytes)
+            hit = e.get();
+    // Whether to re-plan must be decided alike on every rank.
+    int changed = hit == nullptr;
+    detail::allreduce(MPI_IN_PLACE, &changed, 1, MPI_INT, TypeClass::integer, Op::max, comm, call);
+    if (changed) {
+        if (!hit) {
+            // Dropped among this communicator's plans only: every rank of comm
+            // made the same calls on it, so every rank drops the same one.
+            auto lru = cache.entries.end();
+            std::size_t same_comm = 0;
+            for (auto it = cache.entries.begin(); it != cache.entries.end(); ++it)
+                if ((*it)->st.comm == comm) {
+                    ++same_comm;
+                    if (lru == cache.entries.end() || (*it)->used < (*lru)->used) lru = it;
+                }
+            if (same_comm >= kCachedPlans) {
+                release_views((*lru)->st);  // collective over comm
+                cache.entries.erase(lru);
+            }
+            hit = cache.entries.emplace_back(std::make_unique<ViewCache::Entry>()).get();
+        }
+        plan_views(hit->st, params, opts.bucket_cap_bytes, comm);
+        hit->st.signature = std::move(sig);
+    }
+    hit->used = ++cache.clock;
+    run_views(hit->st, params, call);
+}
+
+/// Parameters whose gradients are averaged: defined, requiring grad, of a
+/// floating or complex dtype, each once; with their position in the list.
+struct Eligible {
+    std::size_t index;
+    at::Tensor tensor;
+};
+void eligible_params(const std::vector<at::Tensor>& params, std::vector<Eligible>& out) {
+    out.clear();
+    std::unordered_set<const void*> seen;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+        const at::Tensor& p = params[i];
+        if (!p.defined() || !p.requires_grad() || !has_gradients(p.scalar_type())) continue;
+        if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+        out.push_back({i, p});
+    }
+}
+
+/// The packed plan for these parameters (local: it depends only on dtypes,
+/// sizes and options, so every rank makes the same one).
+void plan_packed(GradState& st, const std::vector<Eligible>& ps, const AvgGradsOptions& opts,
+                 const char* call) {
+    st.entries.clear();
+    for (const Eligible& p : ps) {
+        const auto wire = sum_wire(p.tensor.scalar_type());
+        if (!wire)  // depends only on dtypes, so every rank throws here or none
+            detail::fail(call, "parameters of dtype " + dtype_name(p.tensor.scalar_type()) +
+                                   " are not supported");
+        st.entries.push_back({p.tensor, p.index, *wire, static_cast<std::size_t>(p.tensor.numel())});
+    }
+    st.largest = plan_buckets(st, opts);
+    st.largest_fused = 0;
+    for (const Bucket& b : st.buckets)
+        if (!b.direct) st.largest_fused = std::max(st.largest_fused, (b.payload + b.flags) * b.wire.size);
+}
+
+/// The first local failure of a step, thrown after its collectives ran (so a
+/// bad gradient on one rank never leaves the others waiting).
+struct Deferred {
+    std::string what;
+    void operator()(const std::exception& ex) {
+        if (what.empty()) what = ex.what();
+    }
+};
+
+/// Fused buckets are packed into memory for repeated in-place collectives
+/// (node-shared memory where the shared path applies: no copy into the
+/// shared segment and back; the core's allreduce recognizes it). Every rank asks alike (same
+/// plan, same comm). Else nullptr.
+std::byte* fused_segment(GradState& st, MPI_Comm comm) {
+    const std::size_t bytes = st.largest_fused;
+    if (bytes == 0) return nullptr;
+    if (!st.shared || st.shared_comm != comm || st.shared->size_bytes() < bytes) {
+        st.shared.reset();
+        st.shared = detail::collective_memory(bytes, comm, "mpiml::mpi_avg_grads");
+        st.shared_comm = comm;
+    }
+    return st.shared ? static_cast<std::byte*>(st.shared->data()) : nullptr;
+}
+
+/// A direct bucket: one large gradient, averaged in place when plain,
+/// else staged through buf.
+void run_direct(GradEntry& e, const Bucket& b, std::byte* buf, MPI_Comm comm, int size,
+                const char* call, Deferred& defer) {
+    at::Tensor& g = e.param.mutable_grad();
+    if (g.defined() && plain(g, e.param.scalar_type()) &&
+        g.numel() == static_cast<std::int64_t>(e.numel)) {
+        detail::allreduce(MPI_IN_PLACE, g.data_ptr(), e.numel, b.wire.mpi, b.wire.cls, Op::sum,
+                          comm, call);
+        average_in_place(g.scalar_type(), g.data_ptr(), e.numel, size);
+        bump_version(g);
+        return;
+    }
+    try {  // staged: undefined, strided, sparse or elsewhere
+        pack_grad(e, buf);
+    } catch (const std::exception& ex) {
+        defer(ex);
+        std::memset(buf, 0, e.numel * b.wire.size);
+    }
+    detail::allreduce(MPI_IN_PLACE, buf, e.numel, b.wire.mpi, b.wire.cls, Op::sum, comm, call);
+    try {
+        unpack_grad(e, buf, size);
+    } catch (const std::exception& ex) {
+        defer(ex);
+    }
+}
+
+/// A fused bucket: its gradients packed at base, one defined-flag per entry
+/// after them (and, in the carrier bucket, the direct buckets' flags), one
+/// allreduce, unpacked where some rank had a gradient.
+void run_fused(GradState& st, const Bucket& b, std::byte* base, bool shared, MPI_Comm comm,
+               int size, const char* call, Deferred& defer) {
+    const std::size_t es = b.wire.size;
+    const auto& direct_entry = [&](std::size_t d) -> GradEntry& {
+        return st.entries[st.order[st.buckets[st.direct[d]].first]];
+    };
+    std::byte* flags = base + b.payload * es;
+    std::size_t off = 0;
+    for (std::size_t k = 0; k < b.entries; ++k) {
+        const GradEntry& e = st.entries[st.order[b.first + k]];
+        try {
+            pack_grad(e, base + off * es);
+        } catch (const std::exception& ex) {
+            defer(ex);
+            std::memset(base + off * es, 0, e.numel * es);
+        }
+        set_flag(b.wire, flags + k * es, e.defined_here);
+        off += e.numel;
+    }
+    const bool carrier = b.flags > b.entries;
+    if (carrier)
+        for (std::size_t d = 0; d < st.direct.size(); ++d)
+            set_flag(b.wire, flags + (b.entries + d) * es, direct_entry(d).defined_here);
+    // The core reduces a shared bucket's memory in place in node-shared memory.
+    detail::allreduce(MPI_IN_PLACE, base, b.payload + b.flags, b.wire.mpi, b.wire.cls, Op::sum,
+                      comm, call);
+    off = 0;
+    for (std::size_t k = 0; k < b.entries; ++k) {
+        const GradEntry& e = st.entries[st.order[b.first + k]];
+        // Undefined on every rank: stays undefined, as in one process.
+        if (flag_value(b.wire, flags + k * es) != 0.0) {
+            try {
+                unpack_grad(e, base + off * es, size);
+            } catch (const std::exception& ex) {
+                defer(ex);
+            }
+        }
+        off += e.numel;
+    }
+    if (carrier)
+        for (std::size_t d = 0; d < st.direct.size(); ++d)
+            st.direct_any[d] = flag_value(b.wire, flags + (b.entries + d) * es) != 0.0;
+}
+
+/// Averages the planned entries' gradients.
+void run_packed(GradState& st, MPI_Comm comm, int size, const char* call) {
+    if (st.buckets.empty()) return;
+    for (GradEntry& e : st.entries) e.defined_here = e.param.grad().defined();
+    auto* buf = static_cast<std::byte*>(st.scratch.get(st.largest));
+    st.direct_any.assign(st.direct.size(), 1);
+    std::byte* fused = fused_segment(st, comm);
+    const auto& direct_entry = [&](std::size_t d) -> GradEntry& {
+        return st.entries[st.order[st.buckets[st.direct[d]].first]];
+    };
+
+    torch::NoGradGuard no_grad;
+    Deferred defer;
+    for (const Bucket& b : st.buckets) {
+        if (b.direct) run_direct(st.entries[st.order[b.first]], b, buf, comm, size, call, defer);
+        else run_fused(st, b, fused ? fused : buf, fused != nullptr, comm, size, call, defer);
+    }
+    const bool any_fused = st.buckets.size() > st.direct.size();
+    if (!any_fused && !st.direct.empty()) {  // direct flags on their own
+        auto* f = reinterpret_cast<float*>(buf);
+        for (std::size_t d = 0; d < st.direct.size(); ++d)
+            f[d] = direct_entry(d).defined_here ? 1.0f : 0.0f;
+        detail::allreduce(MPI_IN_PLACE, f, st.direct.size(), MPI_FLOAT, TypeClass::floating,
+                          Op::sum, comm, call);
+        for (std::size_t d = 0; d < st.direct.size(); ++d) st.direct_any[d] = f[d] != 0.0f;
+    }
+    // A direct gradient undefined on every rank was created here as zeros.
+    for (std::size_t d = 0; d < st.direct.size(); ++d)
+        if (!st.direct_any[d]) direct_entry(d).param.mutable_grad().reset();
+    if (!defer.what.empty()) detail::fail(call, defer.what);
+}
+
+/// The free function's packed plans, one per list of (dtype, size): two
+/// models averaged in turn keep theirs. Least recently used dropped past
+/// kCachedPlans per communicator (the same on every rank of it).
+struct PackedCache {
+    struct Entry {
+        MPI_Comm comm = MPI_COMM_NULL;
+        std::size_t cap = 0;
+        std::vector<std::pair<int, std::int64_t>> key;
+        GradState st;
+        std::uint64_t used = 0;
+    };
+    std::vector<std::unique_ptr<Entry>> entries;
+    std::vector<std::pair<int, std::int64_t>> key;  // reused per call
+    std::vector<Eligible> eligible;                 // reused per call
+    std::uint64_t clock = 0;
+};
+PackedCache& packed_cache() {
+    thread_local PackedCache c;
+    return c;
+}
+
+void avg_packed_cached(const std::vector<Eligible>& ps, const AvgGradsOptions& opts,
+                       MPI_Comm comm, int size, const char* call) {
+    PackedCache& cache = packed_cache();
+    cache.key.clear();
+    for (const Eligible& p : ps)
+        cache.key.emplace_back(static_cast<int>(p.tensor.scalar_type()), p.tensor.numel());
+    PackedCache::Entry* hit = nullptr;
+    for (auto& e : cache.entries)
+        if (e->comm == comm && e->cap == opts.bucket_cap_bytes && e->key == cache.key) hit = e.get();
+    if (hit) {
+        for (std::size_t j = 0; j < ps.size(); ++j) {
+            hit->st.entries[j].param = ps[j].tensor;
+            hit->st.entries[j].index = ps[j].index;
+        }
+    } else {
+        // As for the view plans: dropped among this communicator's only (its
+        // shared bucket is freed collectively over comm).
+        auto lru = cache.entries.end();
+        std::size_t same_comm = 0;
+        for (auto it = cache.entries.begin(); it != cache.entries.end(); ++it)
+            if ((*it)->comm == comm) {
+                ++same_comm;
+                if (lru == cache.entries.end() || (*it)->used < (*lru)->used) lru = it;
+            }
+        if (same_comm >= kCachedPlans) cache.entries.erase(lru);
+        auto e = std::make_unique<PackedCache::Entry>();
+        e->comm = comm;
+        e->cap = opts.bucket_cap_bytes;
+        e->key = cache.key;
+        plan_packed(e->st, ps, opts, call);
+        hit = cache.entries.emplace_back(std::move(e)).get();
+    }
+    hit->used = ++cache.clock;
+    struct Release {  // hold no tensors between calls
+        GradState& st;
+        ~Release() {
+            for (GradEntry& e : st.entries) e.param.reset();
+        }
+    } release{hit->st};
+    run_packed(hit->st, comm, size, call);
+}
+
+void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opts,
+               MPI_Comm comm, const std::vector<std::string>* check_descs) {
+    constexpr const char* call = "mpiml::mpi_avg_grads";
+    if (check_descs) verify_same(*check_descs, -1, comm, call);
+    const int size = num_procs(comm);
+    if (size == 1) return;
+    PackedCache& cache = packed_cache();
+    std::vector<Eligible> ps = std::move(cache.eligible);
+    eligible_params(params, ps);
+    struct Keep {  // capacity reused across calls, no tensors held
+        std::vector<Eligible>& ps;
+        PackedCache& cache;
+        ~Keep() {
+            ps.clear();
+            cache.eligible = std::move(ps);
+        }
+    } keep{ps, cache};
+    if (opts.gradient_as_bucket_view) {
+        std::vector<at::Tensor> views;
+        std::vector<Eligible> rest;
+        for (Eligible& p : ps) {
+            if (view_eligible(p.tensor)) views.push_back(p.tensor);
+            else rest.push_back(std::move(p));
+        }
+        std::exception_ptr deferred;
+        try {
+            avg_grads_as_views(views, opts, comm, call);
+        } catch (const Error&) {  // local: the rest's collectives still run
+            deferred = std::current_exception();
+        }
+        if (!rest.empty()) avg_packed_cached(rest, opts, comm, size, call);
+        if (deferred) std::rethrow_exception(deferred);
+        return;
+    }
+    avg_packed_cached(ps, opts, comm, size, call);
+}
+
+}  // namespace
+
+namespace detail {
+struct GradAveragerImpl {
+    MPI_Comm comm = MPI_COMM_NULL;
+    int size = 1;
+    std::vector<at::Tensor> view_params;  // gradients kept in shared buckets
+    ViewState views;
+    GradState packed;
+    ~GradAveragerImpl() {
+        if (!views.buckets.empty()) release_views(views);
+    }
+};
+}  // namespace detail
+
+namespace {
+constexpr const char* kAveragerCall = "mpiml::GradAverager";
+
+std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Tensor>& params,
+                                                        const AvgGradsOptions& opts, MPI_Comm comm,
+                                                        const std::vector<std::string>* descs) {
+    if (descs) verify_same(*descs, -1, comm, kAveragerCall);
+    auto impl = std::make_unique<detail::GradAveragerImpl>();
+    impl->comm = comm;
+    impl->size = num_procs(comm);
+    std::vector<Eligible> ps;
+    eligible_params(params, ps);
+    if (opts.gradient_as_bucket_view) {
+        std::vector<Eligible> rest;
+        for (Eligible& p : ps) {
+            if (view_eligible(p.tensor)) impl->view_params.push_back(p.tensor);
+            else rest.push_back(std::move(p));
+        }
+        ps = std::move(rest);
+    }
+    plan_packed(impl->packed, ps, opts, kAveragerCall);
+    if (impl->size > 1 && !impl->view_params.empty()) {
+        plan_views(impl->views, impl->view_params, opts.bucket_cap_bytes, comm);
+        impl->views.signature = view_signature(impl->view_params);
+    }
+    return impl;
+}
+}  // namespace
+
+GradAverager::GradAverager(torch::nn::Module& module, const AvgGradsOptions& opts, Comm comm) {
+    const MPI_Comm c = comm.get(kAveragerCall);
+    std::vector<at::Tensor> params;
+    std::vector<std::string> descs;
+    for (const auto& e : module_entries(module, /*with_buffers=*/false)) {
+        if (check_enabled()) descs.push_back(describe_grad(e.kind, e.name, e.tensor));
+        params.push_back(e.tensor);
+    }
+    impl_ = make_averager(params, opts, c, check_enabled() ? &descs : nullptr);
+}
+
+GradAverager::GradAverager(const std::vector<torch::Tensor>& params, const AvgGradsOptions& opts,
+                           Comm comm) {
+    const MPI_Comm c = comm.get(kAveragerCall);
+    std::vector<std::string> descs;
+    if (check_enabled())
+        for (std::size_t i = 0; i < params.size(); ++i)
+            if (params[i].defined()) descs.push_back(describe_grad("tensor", std::to_string(i), params[i]));
+    impl_ = make_averager(params, opts, c, check_enabled() ? &descs : nullptr);
+}
+
+GradAverager::~GradAverager() = default;
+GradAverager::GradAverager(GradAverager&&) noexcept = default;
+GradAverager& GradAverager::operator=(GradAverager&&) noexcept = default;
+
+std::size_t GradAverager::size() const {
+    return impl_ ? impl_->view_params.size() + impl_->packed.entries.size() : 0;
+}
+
+void GradAverager::operator()() {
+    if (!impl_) detail::fail(kAveragerCall, "used after being moved from");
+    auto& im = *impl_;
+    if (im.size == 1) return;
+    std::exception_ptr deferred;
+    if (!im.views.buckets.empty()) {
+        try {
+            run_views(im.views, im.view_params, kAveragerCall);
+        } catch (const Error&) {  // local: the packed collectives still run
+            deferred = std::current_exception();
+        }
+    }
+    run_packed(im.packed, im.comm, im.size, kAveragerCall);
+    if (deferred) std::rethrow_exception(deferred);
+}
+
+void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts, Comm comm) {
+    const MPI_Comm c = comm.get("mpiml::mpi_avg_grads");
+    if (check_enabled()) {
+        const std::vector<Named> entries = module_entries(module, /*with_buffers=*/false);
+        std::vector<std::string> descs;
+        std::vector<at::Tensor> params;
+        for (const auto& e : entries) {
+            descs.push_back(describe_grad(e.kind, e.name, e.tensor));
+            params.push_back(e.tensor);
+        }
+        return avg_grads(params, opts, c, &descs);
+    }
+    thread_local std::vector<at::Tensor> params;  // capacity reused across calls
+    struct Release {
+        ~Release() { params.clear(); }  // hold no tensors between calls
+    } release;
+    collect_params(module, params);
+    avg_grads(params, opts, c, nullptr);
+}
+
+void mpi_avg_grads(const std::vector<torch::Tensor>& params, const AvgGradsOptions& opts,
+                   Comm comm) {
+    const MPI_Comm c = comm.get("mpiml::mpi_avg_grads");
+    if (check_enabled()) {
+        std::vector<std::string> descs;
+        for (std::size_t i = 0; i < params.size(); ++i)
+            if (params[i].defined())
+                descs.push_back(describe_grad("tensor", std::to_string(i), params[i]));
+        return avg_grads(params, opts, c, &descs);
+    }
+    avg_grads(params, opts, c, nullptr);
+}
+
+}  // namespace mpiml
