@@ -12,7 +12,8 @@ root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().paren
 src = root / "src"
 # Public headers and the part that implements them.
 public = {
-    "collectives": "core/collectives", "datatype": "core/types", "op": "core/op", "report": "core/report", "types.def": "core/types",
+    "collectives": "core/collectives", "datatype": "core/types", "op": "core/op", "ops.def": "core/op",
+    "report": "core/report", "types.def": "core/types",
     "error": "core/error", "failure": "core/failure", "session": "core/session",
     "profile": "profile/profile", "shm": "backends/shm/bucket", "shm_config": "core/config", "launch": "launch/launch",
     "print": "tools/print", "stats": "tools/stats", "checkpoint": "checkpoint/checkpoint",

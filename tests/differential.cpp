@@ -220,8 +220,8 @@ std::size_t draw_count(std::mt19937_64& g, std::size_t tsize, const CommInfo& ci
 template <class T>
 void op_allreduce(std::mt19937_64& sg, std::mt19937_64& dg, const CommInfo& ci) {
     std::vector<Op> ops;
-    for (int o = 0; o <= static_cast<int>(Op::bxor); ++o)
-        if (legal<T>(static_cast<Op>(o))) ops.push_back(static_cast<Op>(o));
+    for (Op o : mpiml::all_ops)
+        if (legal<T>(o)) ops.push_back(o);
     const Op o = ops[sg() % ops.size()];
     const std::size_t n = draw_count(sg, sizeof(T), ci);
     const int form = static_cast<int>(sg() % 5);  // separate, in place, mpi_op, mpi_sum, MPI_Op
@@ -334,8 +334,8 @@ void op_bucket(std::mt19937_64& sg, std::mt19937_64& dg, const CommInfo& ci) {
     n = std::min<std::size_t>(n, (std::size_t{3} << 20) / sizeof(T));
     const bool average = (std::is_floating_point_v<T> || is_cplx<T>::value) && sg() % 2;
     std::vector<Op> ops;
-    for (int o = 0; o <= static_cast<int>(Op::bxor); ++o)
-        if (legal<T>(static_cast<Op>(o))) ops.push_back(static_cast<Op>(o));
+    for (Op o : mpiml::all_ops)
+        if (legal<T>(o)) ops.push_back(o);
     const Op o = average ? Op::sum : ops[sg() % ops.size()];
     const bool exact = mpiml::shm::config().mode == mpiml::shm::Mode::off;  // then MPI reduces
     current += " SharedBucket<" + std::string(mpiml::mpi_type_traits<T>::name) + "> " +

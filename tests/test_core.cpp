@@ -8,6 +8,7 @@
 #include <complex>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -122,6 +123,29 @@ TEST(Core, LogicalAndBitwise) {
     EXPECT_EQ(mpiml::mpi_op(mine, mpiml::Op::land), size() == 1);
     EXPECT_EQ(mpiml::mpi_op(mine, mpiml::Op::lxor), true);
     EXPECT_EQ(mpiml::mpi_op(rank(), mpiml::Op::land), size() == 1 ? 0 : 0);
+}
+
+// bool is MPI_CXX_BOOL (its registry line): lor and land over ranks, small and
+// large enough for the shared-memory path.
+TEST(Core, BoolArraysLorLand) {
+    for (const std::size_t n : {std::size_t{5}, std::size_t{1} << 20}) {
+        auto mine = std::make_unique<bool[]>(n), any = std::make_unique<bool[]>(n),
+             all = std::make_unique<bool[]>(n);
+        for (std::size_t i = 0; i < n; ++i) mine[i] = (i + static_cast<std::size_t>(rank())) % 3 == 0;
+        mpiml::allreduce(std::span<const bool>(mine.get(), n), std::span<bool>(any.get(), n), mpiml::Op::lor);
+        mpiml::allreduce(std::span<const bool>(mine.get(), n), std::span<bool>(all.get(), n), mpiml::Op::land);
+        for (std::size_t i = 0; i < n; ++i) {
+            bool want_any = false, want_all = true;
+            for (int r = 0; r < size(); ++r) {
+                const bool v = (i + static_cast<std::size_t>(r)) % 3 == 0;
+                want_any = want_any || v;
+                want_all = want_all && v;
+            }
+            ASSERT_EQ(any[i], want_any) << "n " << n << " i " << i;
+            ASSERT_EQ(all[i], want_all) << "n " << n << " i " << i;
+        }
+    }
+    EXPECT_EQ(mpiml::mpi_datatype<bool>(), MPI_CXX_BOOL);
 }
 
 TEST(Core, RawMpiOpAccepted) {

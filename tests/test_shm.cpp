@@ -244,10 +244,8 @@ bool same_bits(const T& a, const T& b) {
 template <class T>
 void check_type() {
     ForceShm on;
-    const Op ops[] = {Op::sum, Op::prod, Op::min,  Op::max, Op::land,
-                      Op::lor, Op::lxor, Op::band, Op::bor, Op::bxor};
     const MPI_Datatype dt = mpiml::mpi_datatype<T>();
-    for (Op op : ops) {
+    for (Op op : mpiml::all_ops) {
         if (!op_allowed<T>(op)) continue;
         const mpiml::ReduceOp rop(op);
         for (std::size_t n : sizes_for<T>()) {

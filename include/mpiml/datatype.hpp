@@ -10,8 +10,9 @@
 
 namespace mpiml {
 
-/// What reductions an element type allows (MPI 4.0, section 6.9.2).
-enum class TypeClass { integer, floating, complex, logical };
+/// What reductions an element type allows (MPI 4.0, section 6.9.2; which
+/// op takes which class: <mpiml/ops.def>). character: none.
+enum class TypeClass { integer, floating, complex, logical, character };
 
 template <class T>
 struct mpi_type_traits;  // no definition: not an MPI type

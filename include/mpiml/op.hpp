@@ -8,8 +8,17 @@
 
 namespace mpiml {
 
-/// Reduction operations (MPI's built-ins).
-enum class Op { sum, prod, min, max, land, lor, lxor, band, bor, bxor };
+/// Reduction operations (MPI's built-ins; the list: <mpiml/ops.def>).
+enum class Op {
+#define MPIML_OP(NAME, ...) NAME,
+#include <mpiml/ops.def>
+};
+
+/// Every Op, in order.
+inline constexpr Op all_ops[] = {
+#define MPIML_OP(NAME, ...) Op::NAME,
+#include <mpiml/ops.def>
+};
 
 /// An operation argument: an mpiml::Op or a raw MPI_Op. Raw built-in MPI ops
 /// are recognized, so they get the same type checks as Op.

@@ -24,13 +24,14 @@ from . import _core
 from .errors import ArgumentError, DtypeError
 from . import runtime as _runtime  # noqa: F401  (installs the excepthooks)
 
-__all__ = ["mpi_fork", "restart_attempt", "msg", "pprint", "proc_id", "allreduce", "num_procs", "broadcast",
-           "mpi_op", "mpi_sum", "mpi_avg", "mpi_statistics_scalar", "barrier", "IN_PLACE",
-           "SUM", "PROD", "MIN", "MAX", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR"]
+# Reduction operations, one constant per op of mpiml's registry: SUM = "sum",
+# PROD, MIN, MAX, LAND, LOR, LXOR, BAND, BOR, BXOR (mpi4py's MPI.SUM etc. are
+# accepted too).
+_OPS = {_name.upper(): _name for _name in _core.op_names()}
+globals().update(_OPS)
 
-# Reduction operations (mpi4py's MPI.SUM etc. are accepted too).
-SUM, PROD, MIN, MAX = "sum", "prod", "min", "max"
-LAND, LOR, LXOR, BAND, BOR, BXOR = "land", "lor", "lxor", "band", "bor", "bxor"
+__all__ = ["mpi_fork", "restart_attempt", "msg", "pprint", "proc_id", "allreduce", "num_procs", "broadcast",
+           "mpi_op", "mpi_sum", "mpi_avg", "mpi_statistics_scalar", "barrier", "IN_PLACE"] + list(_OPS)
 
 
 class _InPlace:
@@ -151,7 +152,7 @@ def _unwrap_spec(buf):
     return buf
 
 
-def allreduce(sendbuf, recvbuf, op=SUM, comm=None):
+def allreduce(sendbuf, recvbuf, op="sum", comm=None):
     """recvbuf[i] = op over ranks of sendbuf[i] (mpi4py's Allreduce call
     shape). sendbuf may be IN_PLACE (mpiml's or mpi4py's); recvbuf must be a
     writable contiguous numpy array or CPU tensor of sendbuf's dtype and size."""

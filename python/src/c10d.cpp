@@ -13,6 +13,12 @@
 #include <mpiml/profile.hpp>
 #include <mpiml/session.hpp>
 
+#include "core/op.hpp"        // src/: the registry of ops
+#include "torch/dtypes.hpp"   // the LibTorch dtype table
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/utils/pybind.h>
 
 #include <ATen/ThreadLocalState.h>
@@ -46,108 +52,54 @@ void check(int rc, const std::string& call) {
     mpiml::detail::check_mpi(rc, ("mpiml c10d " + call).c_str());
 }
 
+// ------------------------------------------------------------ dtypes and ops
+// From mpiml's registry (<mpiml/ops.def>: each op's c10d::ReduceOp) and the
+// LibTorch dtype table the LibTorch layer uses too (torch/dtypes.hpp).
+using mpiml::torch_detail::TorchDtype;
+using mpiml::torch_detail::torch_dtype;
+
 const char* op_name(RedOp op) {
-    switch (op) {
-        case RedOp::SUM: return "SUM";
-        case RedOp::AVG: return "AVG";
-        case RedOp::PRODUCT: return "PRODUCT";
-        case RedOp::MIN: return "MIN";
-        case RedOp::MAX: return "MAX";
-        case RedOp::BAND: return "BAND";
-        case RedOp::BOR: return "BOR";
-        case RedOp::BXOR: return "BXOR";
-        case RedOp::PREMUL_SUM: return "PREMUL_SUM";
-        default: return "UNUSED";
-    }
+    if (op == RedOp::AVG) return "AVG";
+#define MPIML_OP(NAME, MPI, CLASSES, ON_BOOL, TORCH, ...) \
+    if (RedOp::TORCH != RedOp::UNUSED && op == RedOp::TORCH) return #TORCH;
+#include <mpiml/ops.def>
+    return op == RedOp::PREMUL_SUM ? "PREMUL_SUM" : "UNUSED";
 }
 
-// ------------------------------------------------------------------ dtypes
-
-bool is_complex(at::ScalarType t) { return at::isComplexType(t); }
-bool is_integral(at::ScalarType t) { return at::isIntegralType(t, /*includeBool=*/false); }
-
-bool supported_dtype(at::ScalarType t) {
-    switch (t) {
-        case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
-        case at::kComplexFloat: case at::kComplexDouble: case at::kComplexHalf:
-        case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong:
-        case at::kBool:
-            return true;
-        default:
-            return false;
-    }
-}
-
-// The MPI type and mpiml type class a reduction of dtype t runs in (after the
-// widening of float16/bfloat16/complex32, see reduction_dtype).
-std::pair<MPI_Datatype, mpiml::TypeClass> mpi_type(at::ScalarType t) {
-    using mpiml::TypeClass;
-    switch (t) {
-        case at::kFloat: return {MPI_FLOAT, TypeClass::floating};
-        case at::kDouble: return {MPI_DOUBLE, TypeClass::floating};
-        case at::kComplexFloat: return {MPI_CXX_FLOAT_COMPLEX, TypeClass::complex};
-        case at::kComplexDouble: return {MPI_CXX_DOUBLE_COMPLEX, TypeClass::complex};
-        case at::kByte: return {MPI_UINT8_T, TypeClass::integer};
-        case at::kBool: return {MPI_UINT8_T, TypeClass::integer};
-        case at::kChar: return {MPI_INT8_T, TypeClass::integer};
-        case at::kShort: return {MPI_INT16_T, TypeClass::integer};
-        case at::kInt: return {MPI_INT32_T, TypeClass::integer};
-        case at::kLong: return {MPI_INT64_T, TypeClass::integer};
-        default: return {MPI_DATATYPE_NULL, TypeClass::integer};
-    }
-}
-
-// float16 and bfloat16 are reduced in float32, complex32 in complex64.
-at::ScalarType reduction_dtype(at::ScalarType t) {
-    if (t == at::kHalf || t == at::kBFloat16) return at::kFloat;
-    if (t == at::kComplexHalf) return at::kComplexFloat;
-    return t;
+// The registry op of a torch op (AVG: a sum, then divided); none: unsupported.
+std::optional<mpiml::Op> registry_op(RedOp op) {
+    if (op == RedOp::AVG) return mpiml::Op::sum;
+#define MPIML_OP(NAME, MPI, CLASSES, ON_BOOL, TORCH, ...) \
+    if (RedOp::TORCH != RedOp::UNUSED && op == RedOp::TORCH) return mpiml::Op::NAME;
+#include <mpiml/ops.def>
+    return std::nullopt;
 }
 
 int dtype_id(at::ScalarType t) { return static_cast<int>(t); }
 
-void check_op_dtype(const std::string& call, RedOp op, at::ScalarType t) {
-    const char* why = nullptr;
-    switch (op) {
-        case RedOp::SUM: case RedOp::PRODUCT: break;
-        case RedOp::AVG:
-            if (t == at::kBool) why = "AVG is not defined for bool";
-            break;
-        case RedOp::MIN: case RedOp::MAX:
-            if (is_complex(t)) why = "MIN and MAX are not defined for complex dtypes";
-            break;
-        case RedOp::BAND: case RedOp::BOR: case RedOp::BXOR:
-            if (!is_integral(t) && t != at::kBool)
-                why = "bitwise operations need an integer or bool dtype";
-            break;
-        default:
-            fail(call, std::string("reduce op ") + op_name(op) + " is not supported by the mpiml backend");
-    }
-    if (why)
-        fail(call, std::string(why) + " (got reduce op " + op_name(op) + " on " +
-                       std::string(c10::toString(t)) + ")");
+// Every dtype whose reductions have an element type to compute in.
+bool supported_dtype(at::ScalarType t) {
+    const TorchDtype* d = torch_dtype(t);
+    return d && d->reduced;
 }
 
-mpiml::ReduceOp mpiml_op(RedOp op, at::ScalarType t) {
-    using mpiml::Op;
-    if (t == at::kBool) {  // 0/1 bytes: sum = or, product = and
-        switch (op) {
-            case RedOp::SUM: case RedOp::MAX: return Op::max;
-            case RedOp::PRODUCT: case RedOp::MIN: return Op::min;
-            case RedOp::BAND: return Op::band;
-            case RedOp::BOR: return Op::bor;
-            default: return Op::bxor;
-        }
-    }
-    switch (op) {
-        case RedOp::SUM: case RedOp::AVG: return Op::sum;
-        case RedOp::PRODUCT: return Op::prod;
-        case RedOp::MIN: return Op::min;
-        case RedOp::MAX: return Op::max;
-        case RedOp::BAND: return Op::band;
-        case RedOp::BOR: return Op::bor;
-        default: return Op::bxor;
-    }
+// The registry op a reduction of dtype d runs: on bool, torch's ops mean
+// their logical counterparts (SUM is or, PRODUCT is and, ...).
+mpiml::Op mpiml_op(RedOp op, const TorchDtype& d) {
+    const mpiml::Op o = *registry_op(op);
+    if (d.reduced->cls == mpiml::TypeClass::logical && !mpiml::detail::op_allowed(o, mpiml::TypeClass::logical))
+        return mpiml::detail::op_on_bool(o);
+    return o;
+}
+
+void check_op_dtype(const std::string& call, RedOp op, at::ScalarType t) {
+    const auto o = registry_op(op);
+    if (!o) fail(call, std::string("reduce op ") + op_name(op) + " is not supported by the mpiml backend");
+    const TorchDtype& d = *torch_dtype(t);  // check_tensor passed
+    const auto cls = d.reduced->cls;
+    const bool ok = op == RedOp::AVG ? cls != mpiml::TypeClass::logical
+                                     : mpiml::detail::op_allowed(mpiml_op(op, d), cls);
+    if (!ok) fail(call, std::string("reduce op ") + op_name(op) + " is not defined for " + d.name);
 }
 
 // -------------------------------------------------------------- validation
@@ -451,16 +403,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::collective(
 
 // In place: contig (contiguous) becomes op over the group's ranks.
 void ProcessGroupMpiml::reduce_inplace(at::Tensor& contig, RedOp op, const std::string& call) {
-    const auto dt = contig.scalar_type();
-    const auto rdt = reduction_dtype(dt);
-    at::Tensor work = rdt == dt ? contig : contig.to(rdt);
-    at::Tensor view = dt == at::kBool ? work.view(at::kByte) : work;
-    const auto [type, cls] = mpi_type(dt == at::kBool ? at::kBool : rdt);
+    const TorchDtype& d = *torch_dtype(contig.scalar_type());  // check_tensor passed
+    at::Tensor work = d.reduced_scalar == d.scalar ? contig : contig.to(d.reduced_scalar);
+    // The profiler keeps the call's name past the call: a name that lives on.
     const char* c = mpiml::detail::profile_intern("mpiml c10d " + call);
-    mpiml::detail::allreduce(MPI_IN_PLACE, view.data_ptr(), static_cast<std::size_t>(view.numel()),
-                             type, cls, mpiml_op(op, dt), comm_, c);
+    mpiml::detail::allreduce(MPI_IN_PLACE, work.data_ptr(), static_cast<std::size_t>(work.numel()),
+                             d.reduced->type, d.reduced->cls, mpiml_op(op, d), comm_, c);
     if (op == RedOp::AVG) {
-        if (is_integral(rdt))
+        if (d.reduced->cls == mpiml::TypeClass::integer)
             work.div_(size_, "trunc");
         else
             work.div_(size_);

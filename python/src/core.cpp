@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "common.hpp"
+#include "core/op.hpp"     // src/: the registry of ops
+#include "core/types.hpp"  // and of element types
 
 namespace py = pybind11;
 
@@ -36,50 +38,21 @@ using namespace mpiml;
 using namespace mpiml::python;
 
 // ------------------------------------------------------------ dtypes
-struct Elem {
-    MPI_Datatype type;
-    TypeClass cls;
-};
+using detail::TypeInfo;
 
 PyArray_Descr* descr(const py::array& a) {
     return PyArray_DESCR(reinterpret_cast<PyArrayObject*>(a.ptr()));
 }
 
-Elem elem_of(const py::array& a, const char* call) {
+// The registry's element type of a numpy dtype: the same kind and size.
+const TypeInfo& elem_of(const py::array& a, const char* call) {
     const PyArray_Descr* d = descr(a);
-    const char kind = d->kind;
-    const auto size = d->elsize;
     if (d->byteorder == '>')
         raise("DtypeError", call, "big-endian arrays are not supported; use .astype(its native dtype)");
-    switch (kind) {
-        case 'f':
-            if (size == 4) return {MPI_FLOAT, TypeClass::floating};
-            if (size == 8) return {MPI_DOUBLE, TypeClass::floating};
-            break;
-        case 'i':
-            if (size == 1) return {MPI_SIGNED_CHAR, TypeClass::integer};
-            if (size == 2) return {MPI_SHORT, TypeClass::integer};
-            if (size == 4) return {MPI_INT, TypeClass::integer};
-            if (size == 8) return {MPI_LONG, TypeClass::integer};
-            break;
-        case 'u':
-            if (size == 1) return {MPI_UNSIGNED_CHAR, TypeClass::integer};
-            if (size == 2) return {MPI_UNSIGNED_SHORT, TypeClass::integer};
-            if (size == 4) return {MPI_UNSIGNED, TypeClass::integer};
-            if (size == 8) return {MPI_UNSIGNED_LONG, TypeClass::integer};
-            break;
-        case 'b':
-            return {MPI_CXX_BOOL, TypeClass::logical};
-        case 'c':
-            if (size == 8) return {MPI_CXX_FLOAT_COMPLEX, TypeClass::complex};
-            if (size == 16) return {MPI_CXX_DOUBLE_COMPLEX, TypeClass::complex};
-            break;
-        default:
-            break;
-    }
+    if (const TypeInfo* e = detail::find_kind(d->kind, static_cast<std::size_t>(d->elsize))) return *e;
     raise("DtypeError", call,
-          "dtype " + std::string(py::str(a.dtype().attr("name"))) +
-              " has no MPI datatype (use bool, int8-64, uint8-64, float32/64, complex64/128)");
+          "dtype " + std::string(py::str(a.dtype().attr("name"))) + " has no MPI datatype (use " +
+              detail::kind_names() + ")");
 }
 
 std::string dtype_str(const py::array& a) { return py::str(a.dtype().attr("name")); }
@@ -98,13 +71,8 @@ void check_buffer(const py::array& a, const char* call, const char* what, bool w
 ReduceOp to_op(py::handle op, const char* call) {
     if (py::isinstance<py::str>(op)) {
         const auto s = op.cast<std::string>();
-        static const std::pair<const char*, Op> names[] = {
-            {"sum", Op::sum}, {"prod", Op::prod}, {"min", Op::min},   {"max", Op::max},
-            {"land", Op::land}, {"lor", Op::lor}, {"lxor", Op::lxor}, {"band", Op::band},
-            {"bor", Op::bor},   {"bxor", Op::bxor}};
-        for (const auto& [n, o] : names)
-            if (s == n) return o;
-        raise("ArgumentError", call, "unknown op '" + s + "' (use sum, prod, min, max, land, lor, lxor, band, bor, bxor)");
+        if (const Op* o = detail::op_by_name(s.c_str())) return *o;
+        raise("ArgumentError", call, "unknown op '" + s + "' (use " + detail::op_names() + ")");
     }
     if (py::hasattr(op, "py2f")) {  // mpi4py's MPI.Op
         const MPI_Op o = MPI_Op_f2c(op.attr("py2f")().cast<MPI_Fint>());
@@ -122,7 +90,7 @@ void py_allreduce(py::handle send_h, py::array recv, py::handle op_h, py::handle
     const Comm comm = to_comm(comm_h);
     const ReduceOp op = to_op(op_h, call);
     check_buffer(recv, call, "recvbuf", true);
-    const Elem e = elem_of(recv, call);
+    const TypeInfo& e = elem_of(recv, call);
     const void* send = MPI_IN_PLACE;
     py::array sa;
     if (!send_h.is_none()) {
@@ -146,10 +114,11 @@ void py_allreduce(py::handle send_h, py::array recv, py::handle op_h, py::handle
 
 // A new array: op over ranks of x (same dtype); with avg, the sum divided by
 // the number of ranks (integers and bool as float64).
+// The logical and bitwise ops (those not defined for floating types) keep bool
+// arrays bool, as numpy's do; the others count True as 1.
 bool is_logical(const ReduceOp& op) {
     const auto k = op.known();
-    return k && (*k == Op::land || *k == Op::lor || *k == Op::lxor || *k == Op::band ||
-                 *k == Op::bor || *k == Op::bxor);
+    return k && !detail::op_allowed(*k, TypeClass::floating);
 }
 
 // x as an array without a copy when it is one; anything else through numpy's conversion.
@@ -193,18 +162,27 @@ py::object py_reduce(py::handle x_h, py::handle op_h, bool avg, py::handle comm_
     const bool scalar = PyArray_IsAnyScalar(x_h.ptr());
     py::array x = as_array(x_h);
     const Comm comm = to_comm(comm_h);
-    const ReduceOp op = avg ? ReduceOp(Op::sum) : to_op(op_h, call);
-    if (descr(x)->kind == 'f' && descr(x)->elsize == 2) {  // float16: reduced in float32
-        py::object r = py_reduce(x.attr("astype")("float32"), op_h, avg, comm_h, call);
-        r = r.attr("astype")("float16");
-        return scalar ? py::object(r[py::tuple()]) : r;
+    ReduceOp op = avg ? ReduceOp(Op::sum) : to_op(op_h, call);
+    const char kind = descr(x)->kind;
+    const auto esize = static_cast<std::size_t>(descr(x)->elsize);
+    if (!detail::find_kind(kind, esize)) {  // float16: reduced in float32
+        if (const TypeInfo* w = detail::reduced_in(kind, esize)) {
+            const std::string wide = std::string(1, kind) + std::to_string(w->size);
+            py::object r = py_reduce(x.attr("astype")(wide), op_h, avg, comm_h, call);
+            r = r.attr("astype")(x.dtype());
+            return scalar ? py::object(r[py::tuple()]) : r;
+        }
     }
-    if (!avg && descr(x)->kind == 'b' && !is_logical(op))  // True counts 1, as numpy's sum
-        x = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(x);
-    Elem e = elem_of(x, call);
-    if (avg && (e.cls == TypeClass::integer || e.cls == TypeClass::logical)) {
+    if (!avg && kind == 'b') {
+        if (!is_logical(op))  // True counts 1, as numpy's sum
+            x = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(x);
+        else if (!detail::op_allowed(*op.known(), TypeClass::logical))  // band on bool is land
+            op = detail::op_on_bool(*op.known());
+    }
+    const TypeInfo* e = &elem_of(x, call);
+    if (avg && (e->cls == TypeClass::integer || e->cls == TypeClass::logical)) {
         x = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(x);
-        e = {MPI_DOUBLE, TypeClass::floating};
+        e = &elem_of(x, call);
     }
     if (!(x.flags() & py::array::c_style)) x = py::array::ensure(x, py::array::c_style);
     PyObject* o_raw = PyArray_NewLikeArray(reinterpret_cast<PyArrayObject*>(x.ptr()), NPY_CORDER, nullptr, 0);
@@ -215,23 +193,18 @@ py::object py_reduce(py::handle x_h, py::handle op_h, bool avg, py::handle comm_
     void* o = out.mutable_data();
     {
         py::gil_scoped_release nogil;
-        detail::allreduce(x.data(), o, n, e.type, e.cls, op, c, call);
+        detail::allreduce(x.data(), o, n, e->type, e->cls, op, c, call);
         if (avg) {
             int size = 1;
             MPI_Comm_size(c, &size);
-            if (e.type == MPI_FLOAT) {
-                auto* p = static_cast<float*>(o);
-                for (std::size_t i = 0; i < n; ++i) p[i] /= static_cast<float>(size);
-            } else if (e.type == MPI_DOUBLE) {
-                auto* p = static_cast<double*>(o);
-                for (std::size_t i = 0; i < n; ++i) p[i] /= static_cast<double>(size);
-            } else if (e.type == MPI_CXX_FLOAT_COMPLEX) {
-                auto* p = static_cast<std::complex<float>*>(o);
-                for (std::size_t i = 0; i < n; ++i) p[i] /= static_cast<float>(size);
-            } else if (e.type == MPI_CXX_DOUBLE_COMPLEX) {
-                auto* p = static_cast<std::complex<double>*>(o);
-                for (std::size_t i = 0; i < n; ++i) p[i] /= static_cast<double>(size);
-            }
+            detail::with_elem<void>(*e, [&]<class E>(E) {
+                using T = typename E::type;
+                if constexpr (E::cls == TypeClass::floating || E::cls == TypeClass::complex) {
+                    using R = decltype(std::abs(T{}));  // complex: divided by a real
+                    auto* p = static_cast<T*>(o);
+                    for (std::size_t i = 0; i < n; ++i) p[i] /= static_cast<R>(size);
+                }
+            });
         }
     }
     if (scalar) return py::reinterpret_steal<py::object>(PyArray_Return(reinterpret_cast<PyArrayObject*>(out.release().ptr())));
@@ -287,7 +260,7 @@ void py_broadcast(py::handle x_h, int root, py::handle comm_h) {
                                          std::string(py::str(py::type::of(x_h).attr("__name__"))));
     auto x = py::reinterpret_borrow<py::array>(x_h);
     check_buffer(x, call, "x", true);
-    const Elem e = elem_of(x, call);
+    const TypeInfo& e = elem_of(x, call);
     void* p = x.mutable_data();
     const MPI_Comm c = comm.get(call);
     py::gil_scoped_release nogil;
@@ -422,6 +395,24 @@ PYBIND11_MODULE(_core, m) {
 
     m.def("allreduce", &py_allreduce, py::arg("sendbuf"), py::arg("recvbuf"), py::arg("op"),
           py::arg("comm"));
+    // The registry's reduce ops and element types, as numpy sees them.
+    m.def("op_names", [] {
+        std::vector<std::string> names;
+        for (Op o : all_ops) names.emplace_back(op_name(o));
+        return names;
+    });
+    // numpy dtype name -> the registry's name of its element type (derived by kind and size).
+    m.def("element_types", [] {
+        py::dict out;
+        const auto np = py::module_::import("numpy");
+        for (std::int64_t id = 0; const TypeInfo* e = detail::type_by_id(id); ++id) {
+            if (e->kind == 0) continue;
+            const py::object dt = np.attr("dtype")(std::string(1, e->kind) + std::to_string(e->size));
+            const auto name = py::str(dt.attr("name"));
+            if (!out.contains(name)) out[name] = e->name;
+        }
+        return out;
+    });
     // The seed's mpi_op / mpi_sum / mpi_avg / mpi_statistics_scalar, bound
     // directly as mpiml.mpi_tools' functions (no Python layer per call).
     m.def("reduce", [](py::handle x, py::handle op, py::handle comm) {

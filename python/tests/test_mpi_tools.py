@@ -73,7 +73,34 @@ def test_bool():
     b = np.array([True, RANK == 0])
     np.testing.assert_array_equal(mt.mpi_sum(b), [SIZE, 1])  # counts, as the seed (as float32)
     np.testing.assert_array_equal(mt.mpi_op(b, mt.LAND), [True, SIZE == 1])
+    np.testing.assert_array_equal(mt.mpi_op(b, mt.LOR), [True, True])
+    assert mt.mpi_op(b, mt.LOR).dtype == np.bool_
+    np.testing.assert_array_equal(mt.mpi_op(b, mt.BAND), [True, SIZE == 1])  # on bool, band is land
     assert mt.mpi_avg(b).dtype == np.float64
+    # allreduce on bool buffers (MPI_CXX_BOOL), small and through the shared-memory path
+    for n in (5, 1 << 20):
+        mine = (np.arange(n) + RANK) % 3 == 0
+        every = [(np.arange(n) + r) % 3 == 0 for r in range(SIZE)]
+        out = np.zeros(n, dtype=bool)
+        mt.allreduce(mine, out, op=mt.LOR)
+        np.testing.assert_array_equal(out, np.logical_or.reduce(every))
+        mt.allreduce(mine, out, op=mt.LAND)
+        np.testing.assert_array_equal(out, np.logical_and.reduce(every))
+
+
+def test_registry_doors():
+    # The op constants and numpy's dtypes come from mpiml's one registry.
+    from mpiml import _core
+    names = _core.op_names()
+    assert names[:10] == ["sum", "prod", "min", "max", "land", "lor", "lxor", "band", "bor", "bxor"]
+    for n in names:
+        assert getattr(mt, n.upper()) == n and n.upper() in mt.__all__
+    types = _core.element_types()
+    assert types["bool"] == "bool" and types["int64"] == "long" and types["complex64"] == "complex<float>"
+    assert types[np.dtype(np.longdouble).name] == "long double"
+    x = np.full(3, RANK + 1, dtype=np.longdouble)  # derived: no line of numpy's own
+    np.testing.assert_array_equal(mt.mpi_sum(x), np.full(3, SIZE * (SIZE + 1) // 2, dtype=np.longdouble))
+    assert mt.mpi_sum(x).dtype == np.longdouble
 
 
 def test_uneven_lengths_across_ranks_fail_on_check_not_hang():

@@ -93,7 +93,7 @@ std::string describe(const CallInfo& c) {
     if (c.kind == Kind::barrier) return s;
     s += "(count=" + std::to_string(c.count) + ", type=" + datatype_name(c.type);
     if (c.op_id >= 0)
-        s += std::string(", op=") + (c.op_id < 10 ? op_name(static_cast<Op>(c.op_id)) : "user-defined");
+        s += std::string(", op=") + (c.op_id < static_cast<int>(op_count) ? op_name(static_cast<Op>(c.op_id)) : "user-defined");
     if (c.root >= 0) s += ", root=" + std::to_string(c.root);
     return s + ")";
 }

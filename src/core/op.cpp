@@ -4,23 +4,30 @@
 #include <mpiml/error.hpp>
 #include <mpiml/op.hpp>
 
+#include <cstring>
+
 namespace mpiml {
 
 namespace detail {
 OpInfo op_info(Op op) {
     switch (op) {
-        case Op::sum: return {"sum", MPI_SUM};
-        case Op::prod: return {"prod", MPI_PROD};
-        case Op::min: return {"min", MPI_MIN};
-        case Op::max: return {"max", MPI_MAX};
-        case Op::land: return {"land", MPI_LAND};
-        case Op::lor: return {"lor", MPI_LOR};
-        case Op::lxor: return {"lxor", MPI_LXOR};
-        case Op::band: return {"band", MPI_BAND};
-        case Op::bor: return {"bor", MPI_BOR};
-        case Op::bxor: return {"bxor", MPI_BXOR};
+#define MPIML_OP(NAME, MPI, ...) \
+    case Op::NAME: return {#NAME, MPI};
+#include <mpiml/ops.def>
     }
     return {"invalid op", MPI_OP_NULL};
+}
+
+const Op* op_by_name(const char* name) {
+    for (const Op& o : all_ops)
+        if (std::strcmp(op_info(o).name, name) == 0) return &o;
+    return nullptr;
+}
+
+std::string op_names() {
+    std::string out;
+    for (Op o : all_ops) out += (out.empty() ? "" : ", ") + std::string(op_info(o).name);
+    return out;
 }
 }  // namespace detail
 
@@ -32,7 +39,7 @@ ReduceOp::ReduceOp(Op op) : known_(op) {
 }
 
 ReduceOp::ReduceOp(MPI_Op op) : native_(op) {
-    for (Op o : detail::all_ops)
+    for (Op o : all_ops)
         if (detail::op_info(o).native == op) known_ = o;
 }
 

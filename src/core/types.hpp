@@ -1,83 +1,87 @@
-// The registry of element types (types.cpp, from <mpiml/types.def>): names,
-// classes, and the C++ type a datatype's reductions compute in, for the
-// kernels and the op fixes. The ops: core/op.hpp.
+// The registry of element types (types.cpp), derived from <mpiml/types.def>:
+// names, classes, the C++ type a datatype's reductions compute in, and the
+// lookup by kind and size that numpy's and torch's dtypes use. The ops:
+// core/op.hpp.
 #pragma once
 
 #include <mpiml/datatype.hpp>
 
 #include <complex>
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <string>
 #include <type_traits>
 
 namespace mpiml::detail {
-
-/// The C++ representation mpiml reduces a datatype in; none: left to MPI.
-enum class Rep : std::uint8_t { none, i8, u8, i16, u16, i32, u32, i64, u64, f32, f64, f80, boolean, c64, c128 };
 
 struct TypeInfo {
     MPI_Datatype type;
     const char* name;
     TypeClass cls;
-    Rep rep;
-    int id;  // position in the registry: the same on every rank
+    /// 'i' signed integer, 'u' unsigned integer, 'f' floating, 'c' complex,
+    /// 'b' bool (numpy's kind letters); 0: none (character and opaque lines).
+    char kind;
+    std::size_t size;  // bytes of the C++ type; 0 for opaque lines
+    int id;            // position in the registry: the same on every rank
 };
 
 /// The registry's entry for a datatype; nullptr when it is not built in.
 const TypeInfo* find_type(MPI_Datatype type);
 /// The entry with this id; nullptr when there is none.
 const TypeInfo* type_by_id(std::int64_t id);
+/// The first entry of this kind and size (how numpy's and torch's dtypes find
+/// their element type); nullptr when there is none.
+const TypeInfo* find_kind(char kind, std::size_t size);
+/// The entry values of this kind and size are reduced in: find_kind's, else,
+/// for floating and complex kinds, the smallest wider entry of the same kind
+/// (float16 in float); nullptr when there is none.
+const TypeInfo* reduced_in(char kind, std::size_t size);
+/// The smallest floating or complex entry of this kind wider than size bytes.
+const TypeInfo* wider_than(char kind, std::size_t size);
+/// "bool", "int8", "uint16", "float32", "complex64", ...: numpy's and torch's
+/// name for a kind and size (for messages).
+std::string kind_name(char kind, std::size_t size);
+/// The names of every kind and size in the registry, comma-separated ("bool,
+/// int8, ..."), for messages that say what is supported.
+std::string kind_names();
 
-template <class T>
-constexpr Rep rep_of() {
-    if constexpr (std::is_same_v<T, bool>) return Rep::boolean;
-    else if constexpr (std::is_same_v<T, wchar_t>) return Rep::none;
-    else if constexpr (std::is_same_v<T, std::complex<float>>) return Rep::c64;
-    else if constexpr (std::is_same_v<T, std::complex<double>>) return Rep::c128;
-    else if constexpr (std::is_same_v<T, float>) return Rep::f32;
-    else if constexpr (std::is_same_v<T, double>) return Rep::f64;
-    else if constexpr (std::is_same_v<T, long double>) return Rep::f80;
-    else if constexpr (std::is_integral_v<T>) {
-        constexpr bool s = std::is_signed_v<T>;
-        if constexpr (sizeof(T) == 1) return s ? Rep::i8 : Rep::u8;
-        else if constexpr (sizeof(T) == 2) return s ? Rep::i16 : Rep::u16;
-        else if constexpr (sizeof(T) == 4) return s ? Rep::i32 : Rep::u32;
-        else if constexpr (sizeof(T) == 8) return s ? Rep::i64 : Rep::u64;
-        else return Rep::none;
-    } else {
-        return Rep::none;
-    }
+// ---------------------------------------------------------- C++ types
+
+/// A registry line's C++ type and class (void for opaque lines).
+template <class T, TypeClass C>
+struct Elem {
+    using type = T;
+    static constexpr TypeClass cls = C;
+};
+
+template <class... E>
+struct ElemList {};
+
+/// Every registry line's Elem, in registry order (ids), then a sentinel.
+using registry_elems = ElemList<
+#define MPIML_TYPE(T, DT, CLS, NAME) Elem<T, TypeClass::CLS>,
+#define MPIML_ALIAS(T, DT, CLS, NAME) Elem<T, TypeClass::CLS>,
+#define MPIML_OPAQUE(DT, CLS, NAME) Elem<void, TypeClass::CLS>,
+#include <mpiml/types.def>
+    Elem<void, TypeClass::character>>;
+
+template <class E, class R, class F>
+R call_with_elem(F& f) {
+    return f(E{});
 }
 
-template <class T>
-constexpr TypeClass class_of() {
-    if constexpr (std::is_same_v<T, bool>) return TypeClass::logical;
-    else if constexpr (std::is_same_v<T, std::complex<float>> || std::is_same_v<T, std::complex<double>>)
-        return TypeClass::complex;
-    else if constexpr (std::is_floating_point_v<T>) return TypeClass::floating;
-    else return TypeClass::integer;
+template <class R, class F, class... E>
+R dispatch_elem(std::size_t id, F& f, ElemList<E...>) {
+    static constexpr R (*table[])(F&) = {&call_with_elem<E, R, F>...};
+    return table[id < sizeof...(E) ? id : sizeof...(E) - 1](f);
 }
 
-/// Calls f(std::type_identity<T>{}) with the C++ type of rep (void for none).
-template <class F>
-decltype(auto) with_rep(Rep rep, F&& f) {
-    switch (rep) {
-        case Rep::i8: return f(std::type_identity<std::int8_t>{});
-        case Rep::u8: return f(std::type_identity<std::uint8_t>{});
-        case Rep::i16: return f(std::type_identity<std::int16_t>{});
-        case Rep::u16: return f(std::type_identity<std::uint16_t>{});
-        case Rep::i32: return f(std::type_identity<std::int32_t>{});
-        case Rep::u32: return f(std::type_identity<std::uint32_t>{});
-        case Rep::i64: return f(std::type_identity<std::int64_t>{});
-        case Rep::u64: return f(std::type_identity<std::uint64_t>{});
-        case Rep::f32: return f(std::type_identity<float>{});
-        case Rep::f64: return f(std::type_identity<double>{});
-        case Rep::f80: return f(std::type_identity<long double>{});
-        case Rep::boolean: return f(std::type_identity<bool>{});
-        case Rep::c64: return f(std::type_identity<std::complex<float>>{});
-        case Rep::c128: return f(std::type_identity<std::complex<double>>{});
-        case Rep::none: break;
-    }
-    return f(std::type_identity<void>{});
+/// Calls f(Elem<T, class>{}) with the C++ type of entry e (void for opaque
+/// lines): one table lookup.
+template <class R, class F>
+R with_elem(const TypeInfo& e, F&& f) {
+    return dispatch_elem<R>(static_cast<std::size_t>(e.id), f, registry_elems{});
 }
 
 }  // namespace mpiml::detail

@@ -14,54 +14,28 @@ namespace mpiml::torch_detail {
 
 // ------------------------------------------------------------ dtype table
 
-
-/// Everything mpiml does per torch dtype: its name, how it is summed (the
-/// wire; integers and bool are summed as float64, which only mpi_avg does)
-/// and how it is broadcast (a bit copy).
-struct DtypeInfo {
-    at::ScalarType scalar;
-    const char* name;
-    std::optional<Wire> sum;
-    MPI_Datatype bcast;
-};
-
-const DtypeInfo* dtype_info(at::ScalarType s) {
-    // Never destroyed: may be used from atexit.
-    static const auto* table = [] {
-        const Wire f32{MPI_FLOAT, TypeClass::floating, at::kFloat, 4};
-        const Wire f64{MPI_DOUBLE, TypeClass::floating, at::kDouble, 8};
-        const Wire c64{MPI_CXX_FLOAT_COMPLEX, TypeClass::complex, at::kComplexFloat, 8};
-        const Wire c128{MPI_CXX_DOUBLE_COMPLEX, TypeClass::complex, at::kComplexDouble, 16};
-        return new std::vector<DtypeInfo>{
-            {at::kFloat, "float32", f32, MPI_FLOAT},
-            {at::kDouble, "float64", f64, MPI_DOUBLE},
-            {at::kHalf, "float16", f32, MPI_UINT16_T},
-            {at::kBFloat16, "bfloat16", f32, MPI_UINT16_T},
-            {at::kComplexHalf, "complex32", std::nullopt, MPI_UINT32_T},
-            {at::kComplexFloat, "complex64", c64, MPI_CXX_FLOAT_COMPLEX},
-            {at::kComplexDouble, "complex128", c128, MPI_CXX_DOUBLE_COMPLEX},
-            {at::kLong, "int64", f64, MPI_INT64_T},
-            {at::kInt, "int32", f64, MPI_INT32_T},
-            {at::kShort, "int16", f64, MPI_INT16_T},
-            {at::kChar, "int8", f64, MPI_INT8_T},
-            {at::kByte, "uint8", f64, MPI_UINT8_T},
-            {at::kBool, "bool", f64, MPI_CXX_BOOL},
-        };
-    }();
-    for (const DtypeInfo& d : *table)
-        if (d.scalar == s) return &d;
-    return nullptr;
-}
-
 std::string dtype_name(at::ScalarType s) {
-    const DtypeInfo* d = dtype_info(s);
+    const TorchDtype* d = torch_dtype(s);
     return d ? d->name : c10::toString(s);
 }
 
-/// The wire for summing values of dtype s; nullopt when s cannot be summed.
+namespace {
+Wire wire_of(const TorchDtype& d) {
+    return {d.elem->type, d.elem->cls, d.scalar, d.elem->size};
+}
+}  // namespace
+
 std::optional<Wire> sum_wire(at::ScalarType s) {
-    const DtypeInfo* d = dtype_info(s);
-    return d ? d->sum : std::nullopt;
+    const TorchDtype* d = torch_dtype(s);
+    if (!d || d->kind == 0) return std::nullopt;
+    if (!has_gradients(s)) return wire_of(*torch_dtype(at::kDouble));  // integers and bool
+    // Floating and complex: in their own kind, at least float32 / complex64
+    // wide (16-bit floats are summed in float32), where the gradient kernels
+    // (with_grad_dtype) have a wire for them.
+    const std::size_t least = d->kind == 'c' ? 8 : 4;
+    const TorchDtype* w = torch_dtype_of(detail::reduced_in(d->kind, std::max(d->size, least)));
+    if (!w || !with_grad_dtype(s, []<class W, class T>() {})) return std::nullopt;
+    return wire_of(*w);
 }
 
 bool has_gradients(at::ScalarType s) {
@@ -70,8 +44,8 @@ bool has_gradients(at::ScalarType s) {
 
 /// MPI type and element multiplier for broadcasting dtype s (bit copy).
 std::pair<MPI_Datatype, std::size_t> bcast_type(at::ScalarType s) {
-    const DtypeInfo* d = dtype_info(s);
-    if (d) return {d->bcast, 1};
+    const TorchDtype* d = torch_dtype(s);
+    if (d && d->elem) return {d->elem->type, 1};
     return {MPI_BYTE, c10::elementSize(s)};
 }
 

@@ -6,6 +6,8 @@
 
 #include <mpiml/collectives.hpp>
 
+#include "torch/dtypes.hpp"
+
 #include <torch/types.h>
 
 #include <cstddef>
@@ -22,7 +24,8 @@ namespace mpiml::torch_detail {
 
 // ------------------------------------------------------------ dtype table
 
-/// How a floating or complex dtype is summed: MPI type and wire dtype.
+/// How a dtype is summed (mpi_avg, mpi_avg_grads): MPI type and wire dtype,
+/// from the dtype table (torch/dtypes.hpp).
 struct Wire {
     MPI_Datatype mpi;
     TypeClass cls;
@@ -39,7 +42,7 @@ bool has_gradients(at::ScalarType s);
 std::pair<MPI_Datatype, std::size_t> bcast_type(at::ScalarType s);
 
 /// Calls f.template operator()<W, T>() for a gradient dtype stored as T and
-/// summed on the wire as W; false for any other dtype.
+/// summed on the wire as W (sum_wire's dtype); false for any other dtype.
 template <class F>
 bool with_grad_dtype(at::ScalarType s, F&& f) {
     switch (s) {

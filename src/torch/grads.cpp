@@ -361,13 +361,12 @@ void release_views(ViewState& st) {
     st.signature.clear();
 }
 
-/// float32/float64/complex contiguous CPU parameters: their gradients can be
-/// plain views of a bucket in their own dtype.
+/// Contiguous CPU parameters summed in their own dtype (float32, float64,
+/// complex): their gradients can be plain views of a bucket in that dtype.
 bool view_eligible(const at::Tensor& p) {
-    const auto s = p.scalar_type();
-    return p.layout() == at::kStrided && p.is_cpu() && p.is_contiguous() &&
-           (s == at::kFloat || s == at::kDouble || s == at::kComplexFloat ||
-            s == at::kComplexDouble);
+    if (p.layout() != at::kStrided || !p.is_cpu() || !p.is_contiguous()) return false;
+    const auto wire = sum_wire(p.scalar_type());
+    return wire && wire->scalar == p.scalar_type() && has_gradients(p.scalar_type());
 }
 
 /// Collective: every rank plans the same buckets from the same parameter list.

@@ -39,22 +39,20 @@ void mpi_average(void* buf, std::size_t count, MPI_Datatype type, int tsize, MPI
     if (size == 1) return;
     // x / n: for a power of two the same bits as the shared path's x * (1 / n).
     const TypeInfo* info = find_type(type);
-    with_rep(info ? info->rep : Rep::none, [&]<class T>(std::type_identity<T>) {
-        if constexpr (std::is_floating_point_v<T>) {
-            T* x = static_cast<T*>(buf);
-            const T n = static_cast<T>(size);
-            for (std::size_t i = 0; i < count; ++i) x[i] /= n;
-        } else if constexpr (std::is_same_v<T, std::complex<float>> ||
-                             std::is_same_v<T, std::complex<double>>) {
-            using R = typename T::value_type;
-            R* x = reinterpret_cast<R*>(buf);
-            const R n = static_cast<R>(size);
-            for (std::size_t i = 0; i < 2 * count; ++i) x[i] /= n;
-        } else {
-            fail(call, std::string("averaging needs a floating or complex type, not ") +
-                           datatype_name(type));
-        }
-    });
+    bool done = false;
+    if (info)
+        with_elem<void>(*info, [&]<class E>(E) {
+            using T = typename E::type;
+            if constexpr (E::cls == TypeClass::floating || E::cls == TypeClass::complex) {
+                using R = decltype(std::abs(T{}));  // complex: both parts divided by n
+                T* x = static_cast<T*>(buf);
+                const R n = static_cast<R>(size);
+                for (std::size_t i = 0; i < count; ++i) x[i] /= n;
+                done = true;
+            }
+        });
+    if (!done)
+        fail(call, std::string("averaging needs a floating or complex type, not ") + datatype_name(type));
 }
 
 void mpi_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, int root,

@@ -8,6 +8,7 @@
 // these faults; a wrong answer switches that pair to a user-defined MPI_Op
 // with the C++ semantics (wrap-around, unsigned order).
 #include "core/state.hpp"
+#include "core/op.hpp"
 #include "core/types.hpp"
 
 #include <mpiml/collectives.hpp>
@@ -23,20 +24,10 @@ namespace mpiml::detail {
 namespace {
 
 template <class T, Op O>
-T apply(T a, T b) {
-    // Arithmetic in an unsigned type at least as wide as unsigned int: wraps, no UB.
-    using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
-    if constexpr (O == Op::sum) return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-    else if constexpr (O == Op::prod) return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
-    else if constexpr (O == Op::min) return b < a ? b : a;
-    else return a < b ? b : a;
-}
-
-template <class T, Op O>
 void user_fn(void* in, void* inout, int* len, MPI_Datatype*) {
     const T* a = static_cast<const T*>(in);
     T* b = static_cast<T*>(inout);
-    for (int i = 0; i < *len; ++i) b[i] = apply<T, O>(a[i], b[i]);
+    for (int i = 0; i < *len; ++i) b[i] = apply_op<O>(a[i], b[i]);
 }
 
 // Values that overflow (sum, prod) or have the top bit set (min, max); long
@@ -61,7 +52,7 @@ bool native_is_exact(MPI_Datatype type, MPI_Op native) {
             in[i] = static_cast<T>(std::numeric_limits<T>::min() + i % 17);
             io[i] = small;
         }
-        want[i] = apply<T, O>(in[i], io[i]);
+        want[i] = apply_op<O>(in[i], io[i]);
     }
     if (MPI_Reduce_local(in.data(), io.data(), n, type, native) != MPI_SUCCESS) return true;
     return std::memcmp(io.data(), want.data(), sizeof(T) * n) == 0;
@@ -91,9 +82,10 @@ MPI_Op probe_type(MPI_Datatype type, Op op, MPI_Op native) {
 
 MPI_Op probe_any(MPI_Datatype t, Op op, MPI_Op native) {
     const TypeInfo* e = find_type(t);
-    if (!e || e->cls != TypeClass::integer) return native;
-    return with_rep(e->rep, [&]<class T>(std::type_identity<T>) -> MPI_Op {
-        if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) return probe_type<T>(t, op, native);
+    if (!e) return native;
+    return with_elem<MPI_Op>(*e, [&]<class E>(E) -> MPI_Op {
+        if constexpr (E::cls == TypeClass::integer && !std::is_void_v<typename E::type>)
+            return probe_type<typename E::type>(t, op, native);
         else return native;
     });
 }

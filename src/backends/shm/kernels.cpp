@@ -16,77 +16,6 @@ struct is_complex : std::false_type {};
 template <class U>
 struct is_complex<std::complex<U>> : std::true_type {};
 
-template <class T>
-constexpr bool is_int = std::is_integral_v<T> && !std::is_same_v<T, bool>;
-
-// Integer arithmetic wraps (in unsigned, at least unsigned int wide), as MPI's
-// built-in ops do in practice, without signed overflow.
-template <class T>
-using wide_unsigned_t =
-    std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
-
-template <class T, Op O>
-struct Fn;
-template <class T>
-struct Fn<T, Op::sum> {
-    static T apply(T a, T b) {
-        if constexpr (is_int<T>) {
-            using U = wide_unsigned_t<T>;
-            return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-        } else {
-            return a + b;
-        }
-    }
-};
-template <class T>
-struct Fn<T, Op::prod> {
-    static T apply(T a, T b) {
-        if constexpr (is_int<T>) {
-            using U = wide_unsigned_t<T>;
-            return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
-        } else {
-            return a * b;
-        }
-    }
-};
-template <class T>
-struct Fn<T, Op::min> {
-    static T apply(T a, T b) { return b < a ? b : a; }
-};
-template <class T>
-struct Fn<T, Op::max> {
-    static T apply(T a, T b) { return a < b ? b : a; }
-};
-template <class T>
-struct Fn<T, Op::land> {
-    static T apply(T a, T b) { return static_cast<T>((a != T{}) & (b != T{})); }
-};
-template <class T>
-struct Fn<T, Op::lor> {
-    static T apply(T a, T b) { return static_cast<T>((a != T{}) | (b != T{})); }
-};
-template <class T>
-struct Fn<T, Op::lxor> {
-    static T apply(T a, T b) { return static_cast<T>((a != T{}) ^ (b != T{})); }
-};
-template <class T>
-struct Fn<T, Op::band> {
-    static T apply(T a, T b) { return static_cast<T>(a & b); }
-};
-template <class T>
-struct Fn<T, Op::bor> {
-    static T apply(T a, T b) { return static_cast<T>(a | b); }
-};
-template <class T>
-struct Fn<T, Op::bxor> {
-    static T apply(T a, T b) { return static_cast<T>(a ^ b); }
-};
-
-template <class T, Op O>
-constexpr bool allowed() {
-    return op_allowed(O, class_of<T>());
-}
-
 using DivideFn = void (*)(void* buf, std::size_t m, int p);
 
 // Dividing by p: for p a power of two, multiplying by 1 / p, which is exact,
@@ -129,11 +58,11 @@ void combine(void* out_, const void* const* in, int p, std::size_t m, int divide
     }
     const T* b = static_cast<const T*>(in[1]);
     store_each(out, m, p == 2 ? divide_by : 0,
-               [a, b](const T*, std::size_t i) { return Fn<T, O>::apply(a[i], b[i]); });
+               [a, b](const T*, std::size_t i) { return apply_op<O>(a[i], b[i]); });
     for (int q = 2; q < p; ++q) {
         const T* c = static_cast<const T*>(in[q]);
         store_each(out, m, q == p - 1 ? divide_by : 0,
-                   [c](const T* o, std::size_t i) { return Fn<T, O>::apply(o[i], c[i]); });
+                   [c](const T* o, std::size_t i) { return apply_op<O>(o[i], c[i]); });
     }
 }
 
@@ -142,28 +71,21 @@ void divide(void* buf, std::size_t m, int p) {
     store_each(static_cast<T*>(buf), m, p, [](const T* x, std::size_t i) { return x[i]; });
 }
 
-template <class T, Op O>
+template <class T, TypeClass C, Op O>
 CombineFn combine_for() {
-    if constexpr (allowed<T, O>()) return &combine<T, O>;
+    if constexpr (op_allowed(O, C)) return &combine<T, O>;
     else return nullptr;
 }
 
-template <class T>
+template <class T, TypeClass C>
 Kernel kernel_of(Op op) {
     Kernel k;
     k.tsize = sizeof(T);
-    if constexpr (std::is_floating_point_v<T> || is_complex<T>::value) k.divide = &divide<T>;
+    if constexpr (C == TypeClass::floating || C == TypeClass::complex) k.divide = &divide<T>;
     switch (op) {
-        case Op::sum: k.combine = combine_for<T, Op::sum>(); break;
-        case Op::prod: k.combine = combine_for<T, Op::prod>(); break;
-        case Op::min: k.combine = combine_for<T, Op::min>(); break;
-        case Op::max: k.combine = combine_for<T, Op::max>(); break;
-        case Op::land: k.combine = combine_for<T, Op::land>(); break;
-        case Op::lor: k.combine = combine_for<T, Op::lor>(); break;
-        case Op::lxor: k.combine = combine_for<T, Op::lxor>(); break;
-        case Op::band: k.combine = combine_for<T, Op::band>(); break;
-        case Op::bor: k.combine = combine_for<T, Op::bor>(); break;
-        case Op::bxor: k.combine = combine_for<T, Op::bxor>(); break;
+#define MPIML_OP(NAME, ...) \
+    case Op::NAME: k.combine = combine_for<T, C, Op::NAME>(); break;
+#include <mpiml/ops.def>
     }
     return k;
 }
@@ -173,9 +95,10 @@ Kernel kernel_of(Op op) {
 Kernel resolve(MPI_Datatype t, Op op) {
     const TypeInfo* e = find_type(t);
     if (!e) return {};
-    Kernel k = with_rep(e->rep, [&]<class T>(std::type_identity<T>) -> Kernel {
-        if constexpr (std::is_void_v<T>) return {};
-        else return kernel_of<T>(op);
+    Kernel k = with_elem<Kernel>(*e, [&]<class E>(E) -> Kernel {
+        using T = typename E::type;
+        if constexpr (std::is_void_v<T> || E::cls == TypeClass::character) return {};
+        else return kernel_of<T, E::cls>(op);
     });
     int size = 0;
     if (!k.combine || MPI_Type_size(t, &size) != MPI_SUCCESS || static_cast<std::size_t>(size) != k.tsize)
