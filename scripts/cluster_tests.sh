@@ -106,7 +106,7 @@ if [ -x "$fc" ]; then
   # (the link comes back after the limit in any case, so that a hang cannot outlive the case)
   fault_case h2_link_cut 16 "rank [0-3]/4: watchdog: .*(never arrived|on this node \\(h[12]\\) arrived)|lost communication with a remote daemon" loop -1 \
     'ip -n mpiml-h2 link set eth0 down; (sleep 20; ip -n mpiml-h2 link set eth0 up) &'
-  fault_case rank_stalled_on_h2 13 "watchdog: .*never arrived: 3 " stall 3
+  fault_case rank_stalled_on_h2 13 "watchdog: .*never arrived: 3 |rank 3/4 +host h2 +pid [0-9]+: not in a collective|report: where every rank is \(4 ranks\) - watchdog: " stall 3
   # A rank that ends while the others wait for it (the exit guard, across hosts).
   fault_case rank_exits_on_h2 10 "rank 3/4: exited with status 3 \\(host h2\\) while (rank [0-2] waits|ranks [0-2, ]+ wait) in allreduce #2" exit 3
   fault_case rank_returns_on_h1 10 "rank 0/4: exited with status 0 \\(host h1\\) while (rank [1-3] waits|ranks [1-3, ]+ wait) in allreduce #2" return 0
