@@ -1,10 +1,12 @@
 # The torch.distributed backend under ThreadSanitizer (a build with
 # MPIML_SANITIZE_THREAD; scripts/test.sh builds only _core and _c10d there).
 # /usr/bin/python3 is not instrumented, so every rank preloads the TSan
-# runtime and imports the package from the build tree. pytest leaves fd 2
-# alone (--capture=sys): a report reaches the log before halt_on_error ends
-# the rank. A report also fails a case whose exit status is not checked.
-# Open MPI's launcher (-x passes LD_PRELOAD to the ranks only, not to mpirun).
+# runtime (without it, importing an instrumented extension fails: "cannot
+# allocate memory in static TLS block") and imports the package from the
+# build tree. pytest leaves fd 2 alone (--capture=sys): a report reaches the
+# log before halt_on_error ends the rank. A report also fails a case whose
+# exit status is not checked. Open MPI's launcher: -x passes LD_PRELOAD to
+# the ranks only, not to mpirun.
 if(MPIML_SANITIZE_THREAD AND TARGET _c10d AND MPIML_MPI_VENDOR STREQUAL "Open MPI")
   execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libtsan.so
     OUTPUT_VARIABLE _tsan_rt OUTPUT_STRIP_TRAILING_WHITESPACE)
@@ -37,8 +39,10 @@ if(MPIML_SANITIZE_THREAD AND TARGET _c10d AND MPIML_MPI_VENDOR STREQUAL "Open MP
   tsan_c10d_case(NAME pytest_c10d TIMEOUT 120 COMMAND ${_pytest} test_c10d.py)
   # Future callbacks that issue collectives (PowerSGD, allreduce and fp16 hooks).
   tsan_c10d_case(NAME pytest_c10d_comm_hooks TIMEOUT 120 COMMAND ${_pytest} test_c10d_comm_hooks.py)
-  # DDP: buckets reduced from autograd's threads.
+  # DDP: the reducer's bucket all_reduces and their futures; ZeroRedundancyOptimizer.
   tsan_c10d_case(NAME pytest_c10d_ddp TIMEOUT 120 COMMAND ${_pytest} test_c10d_ddp.py)
+  # Profiler events opened on the worker and closed where the Work completes.
+  tsan_c10d_case(NAME pytest_c10d_profiler TIMEOUT 120 COMMAND ${_pytest} test_c10d_profiler.py)
   # The watchdog ends a stalled operation on the worker thread, with the report.
   tsan_c10d_case(NAME c10d_timeout TIMEOUT 90 PASS "${MPIML_C10D_TIMEOUT_REPORT}" COMMAND c10d_timeout.py)
 endif()
