@@ -405,6 +405,23 @@ def test_one_agreement_round_per_collective(world, core_check):
     assert unchecked == (1 if core_check else 0)  # MPIML_CHECK still checks
 
 
+def test_check_set_while_operations_run(world):
+    # pg.check is written here while the group's worker reads it for queued
+    # operations (the thread sanitizer stage runs this). Set to the value it
+    # has: whether an op in flight is checked must not differ across ranks.
+    rank, n = world
+    pg = dist.distributed_c10d._get_default_group()
+    ts = [torch.full((256,), float(i)) for i in range(8)]
+    works = []
+    for t in ts:
+        works.append(dist.all_reduce(t, async_op=True))
+        pg.check = True
+    for w in works:
+        w.wait()
+    for i, t in enumerate(ts):
+        assert torch.equal(t, torch.full((256,), float(i * n)))
+
+
 def test_works_with_mpi4py(world):
     mpi4py = pytest.importorskip("mpi4py")
     from mpi4py import MPI
