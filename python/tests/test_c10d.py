@@ -2,6 +2,7 @@
 collective and dtype against Gloo's result from a Gloo group in the same
 process, error paths, subgroups, p2p, determinism, DDP and ZeRO."""
 
+import time
 import copy
 
 import pytest
@@ -406,15 +407,25 @@ def test_one_agreement_round_per_collective(world, core_check):
 
 
 def test_check_set_while_operations_run(world):
-    # pg.check is written here while the group's worker reads it for queued
-    # operations (the thread sanitizer stage runs this). Set to the value it
-    # has: whether an op in flight is checked must not differ across ranks.
+    # pg.check is written here while the group's worker runs queued operations
+    # (the thread sanitizer stage runs this). Each operation keeps the setting
+    # it was issued with, on every rank, however far each rank's worker got:
+    # otherwise one rank would run an agreement round the other skips.
     rank, n = world
     pg = dist.distributed_c10d._get_default_group()
     ts = [torch.full((256,), float(i)) for i in range(8)]
     works = []
-    for t in ts:
-        works.append(dist.all_reduce(t, async_op=True))
+    # Rank 0 issues everything at once, its worker still in the first
+    # operation; the last rank sets the flag while its worker keeps up.
+    if rank == n - 1:
+        time.sleep(0.3)
+    try:
+        for i, t in enumerate(ts):
+            works.append(dist.all_reduce(t, async_op=True))
+            pg.check = i % 2 == 0
+            if rank == n - 1:
+                time.sleep(0.05)
+    finally:
         pg.check = True
     for w in works:
         w.wait()
