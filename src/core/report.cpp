@@ -9,7 +9,7 @@
 // dumper, native frames of every thread captured by a signal sent to each
 // thread (the handler only records return addresses), symbolized afterwards
 // by the agent. Asked by a watchdog whose deadline passed (any rank, any
-// host), by SIGUSR1 (mpirun forwards it to every rank), by mpiml::report, or
+// host; rank 0 then ends the job once the report is out), by SIGUSR1 (mpirun forwards it to every rank), by mpiml::report, or
 // by the mpiml-report command through the agent file each rank writes.
 #include "core/report.hpp"
 
@@ -18,6 +18,7 @@
 
 #include <mpiml/datatype.hpp>
 #include <mpiml/error.hpp>
+#include <mpiml/failure.hpp>
 
 #include <arpa/inet.h>
 #include <cxxabi.h>
@@ -563,11 +564,12 @@ void write_stderr(const std::string& s) {
     }
 }
 
-// Rank 0: asks every rank for its section, prints and files the report.
-std::string make_report(const std::string& reason) {
+// Rank 0: asks every rank for its section, prints and files the report
+// (within budget_ms but for its own section's native frames).
+std::string make_report(const std::string& reason, int budget_ms = 4000) {
     auto& a = agent();
     const auto start = Clock::now();
-    const auto until = start + std::chrono::milliseconds(4000);
+    const auto until = start + std::chrono::milliseconds(budget_ms);
     struct Peer {
         int fd = -1;
         std::string text;
@@ -577,7 +579,8 @@ std::string make_report(const std::string& reason) {
     const std::string ask = cookie_hex(a.cards[0].cookie) + " SECTION\n";
     for (int r = 1; r < a.size; ++r) {
         Peer& p = peers[static_cast<std::size_t>(r)];
-        p.fd = connect_to(a.cards[static_cast<std::size_t>(r)], start + std::chrono::milliseconds(1500));
+        p.fd = connect_to(a.cards[static_cast<std::size_t>(r)],
+                          start + std::chrono::milliseconds(std::min(1500, budget_ms / 2)));
         if (p.fd >= 0 && !send_all(p.fd, ask, until)) {
             ::close(p.fd);
             p.fd = -1;
@@ -641,6 +644,49 @@ std::string make_report(const std::string& reason) {
     return text;
 }
 
+// Asker and rank 0 of a hang: "HANG <rank> <what>", answered "DONE" once the
+// report and the asker's abort line are written.
+constexpr int hang_gather_ms = 3300;           // rank 0 gathers the sections
+constexpr auto hang_answer = std::chrono::milliseconds(4200);  // an asker waits for DONE
+constexpr auto hang_end = std::chrono::milliseconds(1500);     // then for the end
+
+// "[mpiml] rank R/N: <what> - aborting the job", as failure.cpp prints it.
+std::string abort_line(const std::string& hang_request) {
+    const auto sp = hang_request.find(' ');
+    return "[mpiml] rank " + hang_request.substr(0, sp) + "/" + std::to_string(agent().size) + ": " +
+           (sp == std::string::npos ? std::string() : hang_request.substr(sp + 1)) + " - aborting the job\n";
+}
+
+// Rank 0's agent, asked by a rank whose watchdog expired: one report, the
+// abort line of every rank that asked meanwhile (their requests wait in the
+// listen queue while the report is made), then this rank ends the job. The
+// end comes from the rank that printed, so that the launcher has forwarded
+// the whole report before it kills anyone.
+[[noreturn]] void end_job_after_report(int fd, const std::string& first) {
+    auto& a = agent();
+    const auto sp = first.find(' ');
+    make_report(sp == std::string::npos ? first : first.substr(sp + 1), hang_gather_ms);
+    std::vector<int> askers{fd};
+    std::string lines = abort_line(first);
+    const std::string prefix = cookie_hex(a.cards[0].cookie) + " HANG ";
+    const auto until = Clock::now() + std::chrono::milliseconds(100);
+    while (wait_fd(a.listen_fd, POLLIN, until) > 0) {
+        const int c = ::accept4(a.listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (c < 0) continue;
+        std::string req;
+        if (recv_until(c, req, until, true) && req.rfind(prefix, 0) == 0) {
+            req.resize(req.find('\n'));
+            lines += abort_line(req.substr(prefix.size()));
+            askers.push_back(c);
+        } else {
+            ::close(c);  // a section or report request: the job ends anyway
+        }
+    }
+    write_stderr(lines);
+    for (int c : askers) send_all(c, "DONE\n", Clock::now() + std::chrono::milliseconds(200));
+    abort_quietly(1);
+}
+
 void serve(int fd) {
     auto& a = agent();
     const auto until = Clock::now() + std::chrono::milliseconds(2000);
@@ -654,6 +700,7 @@ void serve(int fd) {
         send_all(fd, own_section(), Clock::now() + std::chrono::milliseconds(3000));
         return;
     }
+    if (a.rank == 0 && rest.rfind("HANG ", 0) == 0) end_job_after_report(fd, rest.substr(5));
     const bool wait = rest.rfind("REPORT ", 0) == 0;
     if (a.rank != 0 || (!wait && rest.rfind("NOTIFY ", 0) != 0)) return;
     // Requests that came while the last report was being made get that one.
@@ -873,11 +920,33 @@ void report_setup() {
     });
 }
 
-void report_on_hang(const std::string& why) {
-    (void)report(why);
-    // Rank 0 printed it: give the launcher time to forward it before this
-    // rank's abort line (and the abort) come.
-    if (state().world_rank != 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+void end_on_hang(const std::string& what) {
+    auto& a = agent();
+    const auto start = Clock::now();
+    bool reached = false;
+    if (a.ready.load(std::memory_order_acquire)) {
+        const int fd = connect_to(a.cards[0], start + std::chrono::milliseconds(1500));
+        reached = fd >= 0;
+        std::string answer;
+        const std::string ask = cookie_hex(a.cards[0].cookie) + " HANG " + std::to_string(a.rank) + " " +
+                                one_line(what) + "\n";
+        if (reached && send_all(fd, ask, start + hang_answer) &&
+            recv_until(fd, answer, start + hang_answer, true) && answer.rfind("DONE\n", 0) == 0) {
+            // Rank 0 printed the report and this rank's line, and ends the job.
+            record_abort_line(what);
+            std::this_thread::sleep_for(hang_end);
+            abort_quietly(1);  // rank 0's end did not come: this rank's
+        }
+        if (fd >= 0) ::close(fd);
+    }
+    // Rank 0 cannot be reached (or no agent): this rank's own section. Rank 0
+    // reached but not done in time: only the abort line (the report may be
+    // on its way; a section of this rank now would cut through it).
+    if (!reached)
+        write_stderr("[mpiml] report of this rank only (" +
+                     std::string(a.ready ? "rank 0 cannot be reached" : "no report agent") + ") - " +
+                     what + "\n" + own_section());
+    abort_job(what, 1);
 }
 
 std::string request_report_of(int pid, const std::string& reason) {
