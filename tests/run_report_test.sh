@@ -75,15 +75,9 @@ out=$dir/out
 # A section: from its "==== rank R/3" line to the next one.
 section() { awk -v r="==== rank $1/3 " 'index($0, r) == 1 { on = 1; print; next } /^==== rank |^\[mpiml\] end of report/ { on = 0 } on' "$out"; }
 check_report() {  # the one report, complete: the late rank at its line, the others in the collective at theirs
-  [ "$(grep -c '^\[mpiml\] report: where every rank is (3 ranks)' "$out")" -eq 1 ] || fail "not exactly one report"
-  [ "$(grep -c '^\[mpiml\] end of report' "$out")" -eq 1 ] || fail "not exactly one end of report"
-  awk '/^\[mpiml\] report: where/ { h = NR } /^\[mpiml\] end of report/ { e = NR } END { exit !(h && e > h) }' "$out" ||
-    fail "the report's end does not follow its head"
+  bash "$(dirname "$0")/check_report.sh" "$out" 3 || ok=0
   local wait r
   wait=$(line WAIT-LINE)
-  for r in 0 1 2; do
-    [ "$(grep -c "^==== rank $r/3 " "$out")" -eq 1 ] || fail "rank $r's section is not there exactly once"
-  done
   section $late | grep -q "not in a collective" || fail "rank $late is not 'not in a collective'"
   section $late | grep -Eq "sleepy_rank_work.*$base:$(line LATE-LINE)|$base\", line $(line LATE-LINE) in sleepy_rank_work" ||
     fail "rank $late's stack does not show sleepy_rank_work at $base:$(line LATE-LINE)"
