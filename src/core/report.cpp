@@ -648,7 +648,8 @@ std::string make_report(const std::string& reason, int budget_ms = 4000) {
 // report and the asker's abort line are written.
 constexpr int hang_gather_ms = 3300;           // rank 0 gathers the sections
 constexpr auto hang_answer = std::chrono::milliseconds(4200);  // an asker waits for DONE
-constexpr auto hang_end = std::chrono::milliseconds(1500);     // then for the end
+constexpr auto hang_end = std::chrono::milliseconds(4800);     // the end, from the expiry
+constexpr auto hang_end_after = std::chrono::milliseconds(1000);  // at least, after DONE
 
 // "[mpiml] rank R/N: <what> - aborting the job", as failure.cpp prints it.
 std::string abort_line(const std::string& hang_request) {
@@ -933,8 +934,9 @@ void end_on_hang(const std::string& what) {
         if (reached && send_all(fd, ask, start + hang_answer) &&
             recv_until(fd, answer, start + hang_answer, true) && answer.rfind("DONE\n", 0) == 0) {
             // Rank 0 printed the report and this rank's line, and ends the job.
+            // Its kill reaches the other hosts within about a second.
             record_abort_line(what);
-            std::this_thread::sleep_for(hang_end);
+            std::this_thread::sleep_until(std::max(start + hang_end, Clock::now() + hang_end_after));
             abort_quietly(1);  // rank 0's end did not come: this rank's
         }
         if (fd >= 0) ::close(fd);
