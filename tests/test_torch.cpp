@@ -400,6 +400,45 @@ TEST(TorchAvgGrads, MismatchIsCaughtWhenChecksAreOn) {
     mpiml::set_check(was);
 }
 
+// A module mismatch names each rank's call site: the line that called the
+// helper (a defaulted std::source_location), as the collectives do.
+TEST(TorchAvgGrads, MismatchNamesTheCallSite) {
+    if (size() == 1) GTEST_SKIP() << "needs 2+ ranks";
+    const bool was = mpiml::check_enabled();
+    mpiml::set_check(true);
+    torch::nn::Linear m(3, rank() == 1 ? 4 : 3);
+    for (auto& p : m->parameters()) p.mutable_grad() = torch::ones_like(p);
+    const auto at = [](int line) { return "called at " + std::string(__FILE__) + ":" + std::to_string(line); };
+    const int avg_line = __LINE__ + 1;
+    expect_error([&] { mpiml::mpi_avg_grads(m); }, {"mpiml::mpi_avg_grads", "'weight'", at(avg_line)});
+    const int sync_line = __LINE__ + 1;
+    expect_error([&] { mpiml::sync_params(m); }, {"mpiml::sync_params", at(sync_line)});
+    const int make_line = __LINE__ + 1;
+    expect_error([&] { mpiml::GradAverager avg(m); }, {"mpiml::GradAverager", at(make_line)});
+    mpiml::set_check(was);
+}
+
+// The collectives of the helpers are in the history with the caller's line.
+TEST(TorchAvgGrads, HistoryNamesTheCallSite) {
+    if (size() == 1) GTEST_SKIP() << "one rank: the helpers run no collective";
+    torch::nn::Linear m(3, 3);
+    for (auto& p : m->parameters()) p.mutable_grad() = torch::ones_like(p);
+    mpiml::GradAverager avg(m);
+    const int avg_line = __LINE__ + 1;
+    mpiml::mpi_avg_grads(m);
+    const int call_line = __LINE__ + 1;
+    avg();
+    const int sync_line = __LINE__ + 1;
+    mpiml::sync_params(m);
+    mpiml::barrier();  // every rank's history is complete before anyone asks
+    const std::string text = mpiml::report("TorchAvgGrads.HistoryNamesTheCallSite");
+    for (int line : {avg_line, call_line, sync_line}) {
+        const std::string at = "at " + std::string(__FILE__) + ":" + std::to_string(line);
+        EXPECT_NE(text.find(at), std::string::npos) << at << " not in the report:\n" << text;
+    }
+    mpiml::barrier();  // no rank goes on to other collectives while the report is made
+}
+
 // ---------------------------------------------------------- mpi_avg, setup
 
 TEST(TorchAvg, NewTensorSameShapeAndDtype) {
