@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -44,6 +45,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <type_traits>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -57,8 +60,20 @@ namespace mpiml::detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-std::int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+// The history's clock: the coarse monotonic clock, a few ns to read (the
+// precise one costs more than the rest of the record); it ticks every few ms.
+std::int64_t coarse_ns() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+std::int64_t coarse_tick_ns() {
+    static const std::int64_t tick = [] {
+        timespec ts{};
+        ::clock_getres(CLOCK_MONOTONIC_COARSE, &ts);
+        return std::max<std::int64_t>(1, std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec);
+    }();
+    return tick;
 }
 double seconds(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
@@ -76,18 +91,51 @@ struct Entry {
     CallInfo info{};
     bool world = false;
     CallSite site{};
-    std::int64_t t0 = 0, t1 = 0;  // steady ns; t1 == 0: in progress
+    std::int64_t t0 = 0, t1 = 0;  // coarse_ns; t1 == 0: in progress
 };
 constexpr std::size_t ring_size = 32;
 constexpr std::size_t shown = 8;  // history lines a section shows
+
+// The ring is written by every thread that enters a collective and read by
+// the agent without a lock: each slot is a seqlock (its version is odd while
+// it is written) over the entry's words, atomics so that a read racing a
+// write is no data race, only a copy the version check throws away.
+static_assert(std::is_trivially_copyable_v<Entry>);
+constexpr std::size_t entry_words = (sizeof(Entry) + 7) / 8;
+constexpr std::size_t t1_word = offsetof(Entry, t1) / 8;
+static_assert(offsetof(Entry, t1) % 8 == 0);
+struct Slot {
+    std::atomic<std::uint64_t> version{0};  // 2 token + 1 while written, 2 token + 2 after
+    std::atomic<std::uint64_t> words[entry_words]{};
+};
 struct History {
-    std::mutex m;
-    Entry ring[ring_size];
-    std::uint64_t next = 1;
+    std::atomic<std::uint64_t> next{1};
+    Slot ring[ring_size];
 };
 History& history() {
     static auto* h = new History;  // never destroyed: read by the agent until exit
     return *h;
+}
+
+void store_entry(Slot& s, const Entry& e) {
+    std::uint64_t w[entry_words] = {};
+    std::memcpy(w, &e, sizeof e);
+    s.version.store(2 * e.token + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    for (std::size_t i = 0; i < entry_words; ++i) s.words[i].store(w[i], std::memory_order_relaxed);
+    s.version.store(2 * e.token + 2, std::memory_order_release);
+}
+
+// A consistent copy of the slot's entry; false when empty or being written.
+bool load_entry(const Slot& s, Entry& e) {
+    const std::uint64_t v = s.version.load(std::memory_order_acquire);
+    if (v == 0 || (v & 1)) return false;
+    std::uint64_t w[entry_words];
+    for (std::size_t i = 0; i < entry_words; ++i) w[i] = s.words[i].load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.version.load(std::memory_order_relaxed) != v) return false;
+    std::memcpy(&e, w, sizeof e);
+    return true;
 }
 
 std::string fmt_duration(double s) {
@@ -99,6 +147,12 @@ std::string fmt_duration(double s) {
     else
         std::snprintf(b, sizeof b, "%.1f s", s);
     return b;
+}
+
+// A span of the coarse clock: below one tick, "< tick".
+std::string fmt_span(std::int64_t ns) {
+    const std::int64_t tick = coarse_tick_ns();
+    return ns < tick ? "< " + fmt_duration(static_cast<double>(tick) * 1e-9) : fmt_duration(static_cast<double>(ns) * 1e-9);
 }
 
 std::string entry_text(const Entry& e) {
@@ -412,25 +466,28 @@ std::string own_section() {
     const auto& s = state();
     const int rank = s.world_rank, size = s.world_size;
     std::vector<Entry> entries;
-    {
-        auto& h = history();
-        std::lock_guard lock(h.m);
-        for (const Entry& e : h.ring)
-            if (e.token != 0) entries.push_back(e);
+    for (const Slot& slot : history().ring) {
+        Entry e;
+        for (int attempt = 0; attempt < 100; ++attempt)
+            if (load_entry(slot, e)) {
+                entries.push_back(e);
+                break;
+            } else if (slot.version.load(std::memory_order_relaxed) == 0) {
+                break;
+            }
     }
     std::sort(entries.begin(), entries.end(),
               [](const Entry& a, const Entry& b) { return a.token < b.token; });
-    const std::int64_t t = now_ns();
+    const std::int64_t t = coarse_ns();
     std::string where;
     for (const Entry& e : entries)
         if (e.t1 == 0)
             where += std::string(where.empty() ? "in " : "; and in ") + entry_text(e) + " for " +
-                     fmt_duration(static_cast<double>(t - e.t0) * 1e-9);
+                     fmt_span(t - e.t0);
     if (where.empty()) {
         where = "not in a collective";
         if (!entries.empty())
-            where += " (left the last one " +
-                     fmt_duration(static_cast<double>(t - entries.back().t1) * 1e-9) + " ago)";
+            where += " (left the last one " + fmt_span(t - entries.back().t1) + " ago)";
     }
     std::string out = section_head(rank, size, host_name(), ::getpid()) + ": " + where + "\n";
     out += "    last collectives (oldest first):\n";
@@ -439,8 +496,7 @@ std::string own_section() {
     for (std::size_t i = first; i < entries.size(); ++i) {
         const Entry& e = entries[i];
         out += "      " + entry_text(e) + ": " +
-               (e.t1 ? fmt_duration(static_cast<double>(e.t1 - e.t0) * 1e-9)
-                     : "in progress") + "\n";
+               (e.t1 ? fmt_span(e.t1 - e.t0) : "in progress") + "\n";
     }
     out += stacks_text();
     return out;
@@ -817,20 +873,19 @@ std::string site_text(const CallSite& site) {
 
 std::uint64_t history_enter(const CallInfo& info, std::uint64_t seq) {
     auto& h = history();
-    const std::int64_t t = now_ns();
-    std::lock_guard lock(h.m);
-    const std::uint64_t token = h.next++;
-    h.ring[token % ring_size] = Entry{token, seq, info, info.comm == MPI_COMM_WORLD, this_site, t, 0};
+    const std::uint64_t token = h.next.fetch_add(1, std::memory_order_relaxed);
+    store_entry(h.ring[token % ring_size],
+                Entry{token, seq, info, info.comm == MPI_COMM_WORLD, this_site, coarse_ns(), 0});
     return token;
 }
 
 void history_leave(std::uint64_t token) {
     if (token == 0) return;  // none
-    auto& h = history();
-    const std::int64_t t = now_ns();
-    std::lock_guard lock(h.m);
-    Entry& e = h.ring[token % ring_size];
-    if (e.token == token) e.t1 = t;
+    // Unless the slot went to a newer entry since (32 collectives entered meanwhile).
+    Slot& s = history().ring[token % ring_size];
+    if (s.version.load(std::memory_order_acquire) == 2 * token + 2)
+        s.words[t1_word].store(static_cast<std::uint64_t>(std::max<std::int64_t>(1, coarse_ns())),
+                               std::memory_order_relaxed);
 }
 
 void report_setup() {
