@@ -390,24 +390,29 @@ TEST(TorchAvgGrads, OverlapNeedsSerializedThreads) {
                  {"mpiml::GradAverager", "MPI_THREAD_SERIALIZED", "MPI_THREAD_FUNNELED"});
 }
 
+// mpiml::set_check(true) while it lives; rank 1's Linear has another shape.
+struct MismatchedModule {
+    const bool was = mpiml::check_enabled();
+    torch::nn::Linear m{3, rank() == 1 ? 4 : 3};
+    MismatchedModule() {
+        mpiml::set_check(true);
+        for (auto& p : m->parameters()) p.mutable_grad() = torch::ones_like(p);
+    }
+    ~MismatchedModule() { mpiml::set_check(was); }
+};
+
 TEST(TorchAvgGrads, MismatchIsCaughtWhenChecksAreOn) {
     if (size() == 1) GTEST_SKIP() << "needs 2+ ranks";
-    const bool was = mpiml::check_enabled();
-    mpiml::set_check(true);
-    torch::nn::Linear m(3, rank() == 1 ? 4 : 3);
-    for (auto& p : m->parameters()) p.mutable_grad() = torch::ones_like(p);
-    expect_error([&] { mpiml::mpi_avg_grads(m); }, {"mpiml::mpi_avg_grads", "'weight'", "rank 1"});
-    mpiml::set_check(was);
+    MismatchedModule mm;
+    expect_error([&] { mpiml::mpi_avg_grads(mm.m); }, {"mpiml::mpi_avg_grads", "'weight'", "rank 1"});
 }
 
 // A module mismatch names each rank's call site: the line that called the
 // helper (a defaulted std::source_location), as the collectives do.
 TEST(TorchAvgGrads, MismatchNamesTheCallSite) {
     if (size() == 1) GTEST_SKIP() << "needs 2+ ranks";
-    const bool was = mpiml::check_enabled();
-    mpiml::set_check(true);
-    torch::nn::Linear m(3, rank() == 1 ? 4 : 3);
-    for (auto& p : m->parameters()) p.mutable_grad() = torch::ones_like(p);
+    MismatchedModule mm;
+    auto& m = mm.m;
     const auto at = [](int line) { return "called at " + std::string(__FILE__) + ":" + std::to_string(line); };
     const int avg_line = __LINE__ + 1;
     expect_error([&] { mpiml::mpi_avg_grads(m); }, {"mpiml::mpi_avg_grads", "'weight'", at(avg_line)});
@@ -415,7 +420,6 @@ TEST(TorchAvgGrads, MismatchNamesTheCallSite) {
     expect_error([&] { mpiml::sync_params(m); }, {"mpiml::sync_params", at(sync_line)});
     const int make_line = __LINE__ + 1;
     expect_error([&] { mpiml::GradAverager avg(m); }, {"mpiml::GradAverager", at(make_line)});
-    mpiml::set_check(was);
 }
 
 // The collectives of the helpers are in the history with the caller's line.
