@@ -45,7 +45,7 @@ result() {  # name rc [detail]
   else echo "  FAIL  $1 ${3:-} (log: $log/$1.log)"; failed=$((failed + 1)); fi
 }
 # the command names of what runs on the hosts
-host_comms() { for h in h1 h2; do ip netns pids mpiml-$h; done | paste -sd, | xargs -r ps -o comm= -p; }
+host_comms() { for h in h1 h2; do ip netns pids "${MPIML_CLUSTER_PREFIX:-mpiml-}$h"; done | paste -sd, | xargs -r ps -o comm= -p; }
 # wait_job id limit: waits for a batch job to leave the queue; cancels it
 # after limit seconds (status 1)
 wait_job() {

@@ -9,8 +9,9 @@
 // dumper, native frames of every thread captured by a signal sent to each
 // thread (the handler only records return addresses), symbolized afterwards
 // by the agent. Asked by a watchdog whose deadline passed (any rank, any
-// host; rank 0 then ends the job once the report is out), by SIGUSR1 (mpirun forwards it to every rank), by mpiml::report, or
-// by the mpiml-report command through the agent file each rank writes.
+// host; rank 0 then ends the job once the report is out), by SIGUSR1 (mpirun
+// forwards it to every rank), by mpiml::report, or by the mpiml-report
+// command through the agent file each rank writes.
 #include "core/report.hpp"
 
 #include "core/config.hpp"
@@ -37,16 +38,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstddef>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <type_traits>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -54,6 +54,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace mpiml::detail {
@@ -152,7 +153,8 @@ std::string fmt_duration(double s) {
 // A span of the coarse clock: below one tick, "< tick".
 std::string fmt_span(std::int64_t ns) {
     const std::int64_t tick = coarse_tick_ns();
-    return ns < tick ? "< " + fmt_duration(static_cast<double>(tick) * 1e-9) : fmt_duration(static_cast<double>(ns) * 1e-9);
+    return ns < tick ? "< " + fmt_duration(static_cast<double>(tick) * 1e-9)
+                     : fmt_duration(static_cast<double>(ns) * 1e-9);
 }
 
 std::string entry_text(const Entry& e) {
@@ -702,10 +704,10 @@ std::string make_report(const std::string& reason, int budget_ms = 4000) {
 
 // Asker and rank 0 of a hang: "HANG <rank> <what>", answered "DONE" once the
 // report and the asker's abort line are written.
-constexpr int hang_gather_ms = 3300;           // rank 0 gathers the sections
-constexpr auto hang_answer = std::chrono::milliseconds(4200);  // an asker waits for DONE
-constexpr auto hang_end = std::chrono::milliseconds(4800);     // the end, from the expiry
-constexpr auto hang_end_after = std::chrono::milliseconds(1000);  // at least, after DONE
+constexpr int hang_gather_ms = 3300;                              // rank 0 gathers the sections
+constexpr auto hang_answer = std::chrono::milliseconds(4200);     // an asker waits for DONE
+constexpr auto hang_end = std::chrono::milliseconds(4800);        // then for the end, from its expiry
+constexpr auto hang_end_after = std::chrono::milliseconds(1000);  // but at least this after DONE
 
 // "[mpiml] rank R/N: <what> - aborting the job", as failure.cpp prints it.
 std::string abort_line(const std::string& hang_request) {
