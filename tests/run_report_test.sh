@@ -93,7 +93,7 @@ check_report() {  # the one report, complete: the late rank at its line, the oth
 case $case in
   hang|hang0)
     check_report
-    if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then fail "the job exited $rc"; fi
+    [ "$rc" -eq 1 ] || fail "the job exited $rc, not with the watchdog's status 1"
     # the waiting ranks' watchdog lines, after the report
     for r in 0 1 2; do
       [ "$r" -eq "$late" ] && continue
