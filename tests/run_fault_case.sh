@@ -6,6 +6,12 @@
 set -u
 launcher=$1 flags=$2 prog=$3 np=$4 mode=$5 faulty=$6 limit=$7 regex=$8
 shift 8
+# hang reports go to a directory of their own, removed at the end
+if [ -z "${MPIML_REPORT_DIR:-}" ]; then
+  reports=$(mktemp -d)
+  trap 'rm -rf "$reports"' EXIT
+  export MPIML_REPORT_DIR=$reports/reports
+fi
 start=$(date +%s.%N)
 # shellcheck disable=SC2086
 out=$(timeout $((limit + 30)) "$launcher" -np "$np" $flags "$prog" "$mode" "$faulty" "$@" 2>&1)
