@@ -808,7 +808,8 @@ constexpr const char* kAveragerCall = "mpiml::GradAverager";
 /// step is under way only the communication thread calls MPI.
 class Overlap {
 public:
-    Overlap(GradState& st, MPI_Comm comm, int size) : st_(st), comm_(comm), size_(size) {
+    Overlap(GradState& st, MPI_Comm comm, int size)
+        : st_(st), comm_(comm), size_(size), site_(detail::current_site()) {
         const std::size_t n = st_.entries.size();
         fired_.assign(n, 0);
         reset_pending();
@@ -910,6 +911,7 @@ private:
 
     void loop() {
         torch::NoGradGuard no_grad;
+        const detail::SiteMark site(site_);  // the construction's call site
         std::unique_lock lk(m_);
         for (;;) {
             wake_.wait(lk, [&] {
@@ -948,6 +950,7 @@ private:
     GradState& st_;
     const MPI_Comm comm_;
     const int size_;
+    const detail::CallSite site_;
     std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
     std::thread thread_;
     std::byte* segment_ = nullptr;  // the communication thread's
@@ -1025,7 +1028,9 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
 }
 }  // namespace
 
-GradAverager::GradAverager(torch::nn::Module& module, const AvgGradsOptions& opts, Comm comm) {
+GradAverager::GradAverager(torch::nn::Module& module, const AvgGradsOptions& opts, Comm comm,
+                           std::source_location loc) {
+    detail::SiteMark site(loc);
     const MPI_Comm c = comm.get(kAveragerCall);
     std::vector<at::Tensor> params;
     std::vector<std::string> descs;
@@ -1037,7 +1042,8 @@ GradAverager::GradAverager(torch::nn::Module& module, const AvgGradsOptions& opt
 }
 
 GradAverager::GradAverager(const std::vector<torch::Tensor>& params, const AvgGradsOptions& opts,
-                           Comm comm) {
+                           Comm comm, std::source_location loc) {
+    detail::SiteMark site(loc);
     const MPI_Comm c = comm.get(kAveragerCall);
     std::vector<std::string> descs;
     if (check_enabled())
@@ -1054,7 +1060,8 @@ std::size_t GradAverager::size() const {
     return impl_ ? impl_->view_params.size() + impl_->packed.entries.size() : 0;
 }
 
-void GradAverager::operator()() {
+void GradAverager::operator()(std::source_location loc) {
+    detail::SiteMark site(loc);
     if (!impl_) detail::fail(kAveragerCall, "used after being moved from");
     auto& im = *impl_;
     if (im.size == 1) return;
@@ -1080,7 +1087,9 @@ GradAverager::NoSync::~NoSync() {
     if (impl_->overlap) impl_->overlap->set_sync(was_);
 }
 
-void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts, Comm comm) {
+void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts, Comm comm,
+                   std::source_location loc) {
+    detail::SiteMark site(loc);
     const MPI_Comm c = comm.get("mpiml::mpi_avg_grads");
     if (check_enabled()) {
         const std::vector<Named> entries = module_entries(module, /*with_buffers=*/false);
@@ -1101,7 +1110,8 @@ void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts, Comm 
 }
 
 void mpi_avg_grads(const std::vector<torch::Tensor>& params, const AvgGradsOptions& opts,
-                   Comm comm) {
+                   Comm comm, std::source_location loc) {
+    detail::SiteMark site(loc);
     const MPI_Comm c = comm.get("mpiml::mpi_avg_grads");
     if (check_enabled()) {
         std::vector<std::string> descs;
