@@ -37,6 +37,7 @@ constexpr int seq_bits = 56;
 
 struct Guard {
     std::once_flag once;
+    std::atomic<bool> set_up{false};  // call_once's fast path touches TLS
     std::atomic<bool> ready{false};
     std::atomic<bool> ran{false};
     MPI_Comm node = MPI_COMM_NULL;
@@ -80,6 +81,7 @@ std::string waiting_text(const std::vector<std::pair<int, std::uint64_t>>& stuck
 
 void exit_guard_setup() {
     auto& g = guard();
+    if (g.set_up.load(std::memory_order_acquire)) return;
     std::call_once(g.once, [&g] {
         const int n = state().world_size;
         if (n <= 1) return;
@@ -131,6 +133,7 @@ void exit_guard_setup() {
         if (!g.remote && g.node == MPI_COMM_NULL) return;  // nothing to read peers with
         g.ready.store(true, std::memory_order_release);
     });
+    g.set_up.store(true, std::memory_order_release);
 }
 
 bool exit_guard_ready() { return guard().ready.load(std::memory_order_acquire); }

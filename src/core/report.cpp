@@ -435,6 +435,7 @@ struct Card {  // what every rank tells the others at set-up
 
 struct Agent {
     std::once_flag once;
+    std::atomic<bool> set_up{false};  // call_once's fast path touches TLS
     std::atomic<bool> ready{false};
     int listen_fd = -1;
     int pipe_r = -1, pipe_w = -1;  // SIGUSR1 and stop requests
@@ -892,6 +893,7 @@ void history_leave(std::uint64_t token) {
 
 void report_setup() {
     auto& a = agent();
+    if (a.set_up.load(std::memory_order_acquire)) return;
     std::call_once(a.once, [&a] {
         const auto& s = state();
         const auto& cfg = env_config();
@@ -976,6 +978,7 @@ void report_setup() {
         a.ready.store(true, std::memory_order_release);
         register_finalize_hook(stop_agent);
     });
+    a.set_up.store(true, std::memory_order_release);
 }
 
 void end_on_hang(const std::string& what) {
