@@ -80,6 +80,11 @@ struct AvgGradsOptions {
     /// gradient to the end of the call, only the communication thread may
     /// call MPI. Not with gradient_as_bucket_view.
     bool overlap = false;
+    /// With overlap: the communication thread waits for the network by
+    /// testing its requests with short sleeps in between (its core goes to
+    /// backward()), and averages across hosts with a ring of nonblocking
+    /// messages; false: MPI's own collectives and polling waits.
+    bool quiet_wait = true;
 };
 
 /// Averages every parameter's gradient across ranks, in place, with one

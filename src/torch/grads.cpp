@@ -9,6 +9,7 @@
 // them on a communication thread as backward() finishes them (class Overlap).
 #include "torch/common.hpp"
 
+#include "core/backend.hpp"
 #include "core/state.hpp"
 
 #include <mpiml/error.hpp>
@@ -808,7 +809,8 @@ constexpr const char* kAveragerCall = "mpiml::GradAverager";
 /// step is under way only the communication thread calls MPI.
 class Overlap {
 public:
-    Overlap(GradState& st, MPI_Comm comm, int size) : st_(st), comm_(comm), size_(size) {
+    Overlap(GradState& st, MPI_Comm comm, int size, bool quiet)
+        : st_(st), comm_(comm), size_(size), quiet_(quiet) {
         const std::size_t n = st_.entries.size();
         fired_.assign(n, 0);
         reset_pending();
@@ -910,6 +912,7 @@ private:
 
     void loop() {
         torch::NoGradGuard no_grad;
+        detail::set_quiet_waits(quiet_);
         std::unique_lock lk(m_);
         for (;;) {
             wake_.wait(lk, [&] {
@@ -948,6 +951,7 @@ private:
     GradState& st_;
     const MPI_Comm comm_;
     const int size_;
+    const bool quiet_;
     std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
     std::thread thread_;
     std::byte* segment_ = nullptr;  // the communication thread's
@@ -1020,7 +1024,7 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
         impl->views.signature = view_signature(impl->view_params);
     }
     if (opts.overlap && impl->size > 1)
-        impl->overlap = std::make_unique<Overlap>(impl->packed, comm, impl->size);
+        impl->overlap = std::make_unique<Overlap>(impl->packed, comm, impl->size, opts.quiet_wait);
     return impl;
 }
 }  // namespace
