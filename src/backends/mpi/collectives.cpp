@@ -11,6 +11,7 @@
 #include <chrono>
 #include <climits>
 #include <complex>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -42,9 +43,16 @@ void quiet_wait(int n, MPI_Request* req, const char* call) {
 }
 
 // The ring's messages travel on a duplicate of the user's communicator
-// (cached as its attribute), never mixed with the user's own.
+// (cached as its attribute), never mixed with the user's own. The mutex
+// guards the cache against several averagers' threads (MPI_THREAD_MULTIPLE);
+// neither is destroyed: the duplicates are freed inside MPI_Finalize, which
+// may run from atexit.
+std::mutex& ring_mutex() {
+    static auto* m = new std::mutex;
+    return *m;
+}
 int ring_keyval = MPI_KEYVAL_INVALID;
-std::vector<MPI_Comm*>& ring_comms() {  // never destroyed: freed inside MPI_Finalize
+std::vector<MPI_Comm*>& ring_comms() {
     static auto* v = new std::vector<MPI_Comm*>;
     return *v;
 }
@@ -57,17 +65,20 @@ void free_ring_comm(MPI_Comm* d) {
 }
 
 int delete_ring_comm(MPI_Comm, int, void* value, void*) {
+    std::lock_guard lock(ring_mutex());
     free_ring_comm(static_cast<MPI_Comm*>(value));
     return MPI_SUCCESS;
 }
 
 void finalize_ring_comms() {  // before MPI_COMM_WORLD's attributes go
+    std::lock_guard lock(ring_mutex());
     for (MPI_Comm* d : ring_comms())
         if (*d != MPI_COMM_NULL) MPI_Comm_free(d);
 }
 
 // Collective the first time on comm.
 MPI_Comm ring_comm(MPI_Comm comm, const char* call) {
+    std::lock_guard lock(ring_mutex());
     if (ring_keyval == MPI_KEYVAL_INVALID) {
         check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_ring_comm, &ring_keyval, nullptr),
                   call);
