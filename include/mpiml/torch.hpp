@@ -174,6 +174,13 @@ public:
     /// Parameters whose gradients are averaged.
     std::size_t size() const;
 
+    /// With overlap: the buckets in the order they are averaged, each as the
+    /// positions of its parameters in the parameter list (module order).
+    /// Planned in reverse parameter order, then rebuilt once, at the first
+    /// call, in the order rank 0's gradients became final in that step (the
+    /// same plan on every rank). Empty without overlap or with one rank.
+    std::vector<std::vector<std::size_t>> bucket_plan() const;
+
 private:
     std::unique_ptr<detail::GradAveragerImpl> impl_;
 };
