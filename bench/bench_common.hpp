@@ -19,6 +19,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +29,21 @@
 #include <vector>
 
 namespace bench {
+
+/// The cheap-operation protocol (bench_profile, bench_history): ns per call of
+/// f(i), i < n, median of 7 trials, each after a barrier; this rank's time.
+template <class F>
+double median_ns(F f, int n) {
+    std::vector<double> t;
+    for (int trial = 0; trial < 7; ++trial) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        const auto a = std::chrono::steady_clock::now();
+        for (int i = 0; i < n; ++i) f(i);
+        t.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - a).count() / n);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
 
 struct Variant {
     std::string name;

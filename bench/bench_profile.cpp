@@ -2,33 +2,18 @@
 // added to a small collective, each against the same loop without it, in the
 // same run. Median of 7 trials. Run on 1 or more ranks:
 //   mpirun -np 2 bench_profile [dir=/tmp/mpiml_bench_profile]
+#include "bench_common.hpp"
+
 #include <mpiml/mpiml.hpp>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
-#include <vector>
 
 namespace {
 
 volatile int sink;
 __attribute__((noinline)) void work(int i) { sink = i; }
-
-template <class F>
-double ns_per_op(F f, int n) {
-    std::vector<double> t;
-    for (int trial = 0; trial < 7; ++trial) {
-        mpiml::barrier();
-        const auto a = std::chrono::steady_clock::now();
-        for (int i = 0; i < n; ++i) f(i);
-        t.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - a)
-                        .count() /
-                    n);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-}
 
 }  // namespace
 
@@ -44,12 +29,12 @@ int main(int argc, char** argv) {
     };
     auto coll = [&](int) { mpiml::allreduce(x, mpiml::Op::sum); };
 
-    const double base = ns_per_op(loop, n_region);
-    const double off = ns_per_op(region, n_region);
-    const double coll_off = ns_per_op(coll, n_coll);
+    const double base = bench::median_ns(loop, n_region);
+    const double off = bench::median_ns(region, n_region);
+    const double coll_off = bench::median_ns(coll, n_coll);
     mpiml::profile_start(dir);
-    const double on = ns_per_op(region, n_region);
-    const double coll_on = ns_per_op(coll, n_coll);
+    const double on = bench::median_ns(region, n_region);
+    const double coll_on = bench::median_ns(coll, n_coll);
     const auto t = std::chrono::steady_clock::now();
     mpiml::profile_stop();
     const double stop_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();

@@ -9,6 +9,8 @@
 # Prints "cluster tests: P passed, F failed"; exits 0 if all passed, 77 with
 # the reason if this machine cannot build the cluster (needs root, ip netns),
 # 1 otherwise. The cluster is removed at the end, also on failure.
+# CLUSTER_CASES=<regex> runs only the cases whose name it matches (a group:
+# when it matches one of the group's names), e.g. 'report|fault.rank_stalled'.
 # PPO=0 skips the PPO run; it passes when AverageEpRet reaches PPO_TARGET
 # within PPO_EPOCHS epochs: by default the one-host learning check's bar, 475
 # within 60 (seed 0 reaches it in 14 epochs; the run stops there).
@@ -26,6 +28,8 @@ mpirun_cl=${MPIML_CLUSTER_DIR:-/run/mpiml-cluster}/mpirun
 log=$build/cluster-tests
 mkdir -p "$log"
 passed=0 failed=0
+ns=${MPIML_CLUSTER_PREFIX:-mpiml-}  # the hosts' network namespaces: $ns<host>
+picked() { [ -z "${CLUSTER_CASES:-}" ] || [[ $1 =~ $CLUSTER_CASES ]]; }
 result() {  # name rc [detail]
   if [ "$2" -eq 0 ]; then echo "  ok    $1 ${3:-}"; passed=$((passed + 1))
   else echo "  FAIL  $1 ${3:-} (log: $log/$1.log)"; failed=$((failed + 1)); fi
@@ -34,7 +38,7 @@ result() {  # name rc [detail]
 hosts_empty() {
   local t
   for t in $(seq 20); do
-    [ -z "$(for h in $(ip netns list | awk '/^mpiml-h[0-9]/ { print $1 }'); do ip netns pids "$h"; done)" ] && return 0
+    [ -z "$(for h in $(ip netns list | awk -v p="$ns" 'index($1, p "h") == 1 && substr($1, length(p) + 2) ~ /^[0-9]+$/ { print $1 }'); do ip netns pids "$h"; done)" ] && return 0
     sleep 0.5
   done
   echo "left running:"; "$cl" ps
@@ -49,6 +53,7 @@ binary_case() {
   local t=$1 layout=$2 np name t0 rc filter=()
   np=$(tr , '\n' <<< "$layout" | awk -F: '{ n += $2 } END { print n }')
   name=$t.${layout//[:,]/_}
+  picked "$name" || return 0
   t0=$(date +%s.%N)
   # test_shm: the integer types and > 64 MiB stay on the one-host runs (time)
   [ "$t" = test_shm ] && filter=(--gtest_filter='-ShmAllreduce.*Int*:ShmAllreduce.*Short:ShmAllreduce.*Long*:ShmAllreduce.Above64MiB')
@@ -63,6 +68,7 @@ binary_case() {
 # the same bits.
 hash_case() {
   local name=$1 split=$2 hl=$3 np=$4 nodes=$5 sim real hs hr
+  picked "$name" || return 0
   sim=$(MPIML_NODE_SPLIT=$split timeout 120 mpirun --oversubscribe -np "$np" "$build/tests/cluster_hash" 2>&1)
   real=$(timeout 120 "$cl" run -np "$np" --host "$hl" "$build/tests/cluster_hash" 2>&1)
   printf 'simulated: %s\nreal: %s\n' "$sim" "$real" > "$log/$name.log"
@@ -88,13 +94,14 @@ fc=$build/tests/fault_child
 # fault_case name limit regex mode faulty [action after 3 s]
 fault_case() {
   local name=$1 limit=$2 regex=$3 mode=$4 faulty=$5 action=${6:-}
+  picked "fault.$name" || return 0
   bash "$root/tests/run_fault_case.sh" "$mpirun_cl" "${fault_hosts:---host h1:2,h2:2}" "$fc" "${fault_np:-4}" "$mode" "$faulty" \
     "$limit" "$regex" > "$log/fault.$name.log" 2>&1 &
   local job=$!
   if [ -n "$action" ]; then sleep 3; eval "$action" >> "$log/fault.$name.log" 2>&1; fi
   wait $job
   local rc=$?
-  ip -n mpiml-h2 link set eth0 up
+  ip -n "${ns}h2" link set eth0 up
   hosts_empty >> "$log/fault.$name.log" || rc=1
   result "fault.$name" $rc "($(grep -o 'elapsed=[0-9.]*s' "$log/fault.$name.log"))"
 }
@@ -102,31 +109,34 @@ fault_case() {
 if [ -x "$fc" ]; then
   fault_case rank_killed_on_h2 13 "rank 3 .* on node h2 .*(signal 9|Killed)" sigkill 3
   fault_case h2_ranks_killed 16 "rank [23] .* on node h2 .*(signal 9|Killed)" loop -1 \
-    'kill -9 $(ip netns pids mpiml-h2 | xargs ps -o pid=,comm= -p | awk "\$2 == \"fault_child\" {print \$1}")'
+    'kill -9 $(ip netns pids ${ns}h2 | xargs ps -o pid=,comm= -p | awk "\$2 == \"fault_child\" {print \$1}")'
   # (the link comes back after the limit in any case, so that a hang cannot outlive the case)
   fault_case h2_link_cut 16 "rank [0-3]/4: watchdog: .*(never arrived|on this node \\(h[12]\\) arrived)|lost communication with a remote daemon" loop -1 \
-    'ip -n mpiml-h2 link set eth0 down; (sleep 20; ip -n mpiml-h2 link set eth0 up) &'
-  fault_case rank_stalled_on_h2 13 "watchdog: .*never arrived: 3 |rank 3/4 +host h2 +pid [0-9]+: not in a collective|report: where every rank is \(4 ranks\) - watchdog: " stall 3
+    'ip -n "${ns}h2" link set eth0 down; (sleep 20; ip -n "${ns}h2" link set eth0 up) &'
+  # ranks 0-2 on both hosts time out together: one report, complete, then the job ends
+  REPORT_RANKS=4 fault_case rank_stalled_on_h2 13 "rank 3/4 +host h2 +pid [0-9]+: not in a collective" stall 3
   # A rank that ends while the others wait for it (the exit guard, across hosts).
   fault_case rank_exits_on_h2 10 "rank 3/4: exited with status 3 \\(host h2\\) while (rank [0-2] waits|ranks [0-2, ]+ wait) in allreduce #2" exit 3
   fault_case rank_returns_on_h1 10 "rank 0/4: exited with status 0 \\(host h1\\) while (rank [1-3] waits|ranks [1-3, ]+ wait) in allreduce #2" return 0
   EXPECT_OK=1 fault_case rank_ends_first_on_h2 12 "aborting the job" early_ok 3
   # h2 cut off mid-run under mpiml-run --min-ranks 2: the job restarts on h1 alone.
   name=restart_without_h2
+  if picked "fault.$name"; then
   t0=$(date +%s.%N)
   timeout 150 "$cl" exec h1 "$build/mpiml-run" --restarts 1 --backoff 0.5 --min-ranks 2 \
     --hostfile "${MPIML_CLUSTER_DIR:-/run/mpiml-cluster}/hostfile" -np 4 "$fc" ticks 0 > "$log/fault.$name.log" 2>&1 &
   job=$!
   sleep 4
-  ip -n mpiml-h2 link set eth0 down
+  ip -n "${ns}h2" link set eth0 down
   wait $job
   rc=$?
-  ip -n mpiml-h2 link set eth0 up
+  ip -n "${ns}h2" link set eth0 up
   grep -q "mpiml-run: attempt 1 of 2 failed" "$log/fault.$name.log" &&
     grep -q "mpiml-run: leaving out h2 (cannot be reached); next attempt: 2 ranks on h1" "$log/fault.$name.log" &&
     grep -q "^ticks done on 2 ranks, attempt 1$" "$log/fault.$name.log" || rc=1
   hosts_empty >> "$log/fault.$name.log" || rc=1
   result "fault.$name" $rc "($(secs "$t0") s)"
+  fi
   # One rank a host: only the remote read (one-sided MPI) sees the waiting rank.
   fault_hosts="--host h1:1,h2:1" fault_np=2 fault_case rank_exits_alone_on_h2 10 "rank 1/2: exited with status 3 \\(host h2\\) while rank 0 waits in allreduce #2" exit 1
 fi
@@ -134,20 +144,26 @@ unset MPIML_TIMEOUT
 
 # Where every rank is: rank 2 of 3, alone on h2, is late in a function of its
 # own; rank 0's agent (h1) asks h2's for its section (tests/run_report_test.sh).
+# With h1:1,h2:2 the waiting ranks 0 and 1 time out together on both hosts
+# (hang0: rank 0 late on h1, ranks 1 and 2 on h2 ask its agent).
 echo "-- report of where every rank is (the late rank alone on h2)"
 pypath=$build/install/lib/python3.11/dist-packages
 report_case() {  # name case program...
   local name=$1 c=$2 t0 rc
   shift 2
+  picked "$name" || return 0
   t0=$(date +%s.%N)
   REPORT_TOOL="$cl exec h1 $build/mpiml-report" bash "$root/tests/run_report_test.sh" "$mpirun_cl" \
-    "--host h1:2,h2:1 -x PYTHONPATH=$pypath" "$c" "$@" > "$log/$name.log" 2>&1
+    "--host ${report_hosts:-h1:2,h2:1} -x PYTHONPATH=$pypath" "$c" "$@" > "$log/$name.log" 2>&1
   rc=$?
   hosts_empty >> "$log/$name.log" || rc=1
   result "$name" $rc "($(secs "$t0") s)"
 }
 for c in hang signal command; do
   REPORT_SOURCE=$root/tests/hang_child.cpp report_case report.cpp.$c $c "$build/tests/hang_child"
+done
+for c in hang hang0; do
+  report_hosts=h1:1,h2:2 REPORT_SOURCE=$root/tests/hang_child.cpp report_case report.cpp.$c.h1_1_h2_2 $c "$build/tests/hang_child"
 done
 if [ -d "$pypath/mpiml" ]; then
   REPORT_SOURCE=$root/python/tests/hang_child.py report_case report.py.hang hang /usr/bin/python3 "$root/python/tests/hang_child.py"
@@ -158,7 +174,9 @@ fi
 # MPICH: the same hosts through Hydra's rsh launcher and the same agent, with
 # the MPICH build of the tests (scripts/test.sh builds it before this stage).
 mpich_build=${MPICH_BUILD:-$root/build-mpich}
-if [ -x "$mpich_build/tests/test_core" ] && command -v mpiexec.mpich > /dev/null; then
+if ! picked "mpich.test_core mpich.test_shm mpich.cluster_hash mpich.rank_exits"; then
+  :
+elif [ -x "$mpich_build/tests/test_core" ] && command -v mpiexec.mpich > /dev/null; then
   echo "-- MPICH (Hydra) across hosts: $mpich_build"
   for t in test_core test_shm cluster_hash; do
     [ -x "$mpich_build/tests/$t" ] || { echo "  skip  mpich.$t (not built)"; continue; }
@@ -203,7 +221,7 @@ else
   echo "-- MPICH across hosts: skipped (no MPICH build at $mpich_build or no mpiexec.mpich)"
 fi
 
-if [ "${PPO:-1}" = 1 ] && [ -x "$build/apps/mpiml-ppo" ]; then
+if [ "${PPO:-1}" = 1 ] && picked ppo_across_hosts && [ -x "$build/apps/mpiml-ppo" ]; then
   target=${PPO_TARGET:-475} epochs=${PPO_EPOCHS:-60}
   echo "-- mpiml-ppo --cpu 4 across 2 hosts (mpi_fork with MPIML_HOSTFILE), CartPole-v1 seed 0, AverageEpRet >= $target within $epochs epochs"
   out=$log/ppo
@@ -226,9 +244,9 @@ fi
 # allgather per chunk, not the 2-node pairwise one) and the leader path of
 # nodes of unequal size, each against its one-host simulation bit for bit.
 echo "-- 3 hosts (h1 h2 h3)"
-"$cl" down > /dev/null 2>&1
-hosts=3
-if "$cl" up $hosts > "$log/up3.log" 2>&1; then
+if ! picked "test_core.h1_1_h2_1_h3_1 test_shm.h1_1_h2_1_h3_1 hash3.np3 hash3.np5"; then
+  :
+elif "$cl" down > /dev/null 2>&1; hosts=3; "$cl" up $hosts > "$log/up3.log" 2>&1; then
   for t in test_core test_shm; do binary_case $t h1:1,h2:1,h3:1; done
   hash_case hash3.np3 1 h1:1,h2:1,h3:1 3 3
   hash_case hash3.np5 2 h1:2,h2:2,h3:1 5 3

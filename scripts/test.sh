@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds mpiml and passes all its tests:
 # unit and multi-rank tests, the fault-injection suite, an installed-package
-# consumer, and the unit tests again under AddressSanitizer + UBSan.
+# consumer, the unit tests again under AddressSanitizer + UBSan, and the
+# threaded parts (watchdog, profiler, overlap, the torch.distributed backend's
+# tests) under ThreadSanitizer.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -83,17 +85,19 @@ else
   echo "sanitizer build FAILED"; tail -30 "$asan-configure.log" "$asan-build.log"; failed=$((failed + 1))
 fi
 
-stage "watchdog, profiler, the backend's worker queue and GradAverager's overlap under ThreadSanitizer"
+stage "watchdog, profiler, GradAverager's overlap and the torch.distributed backend (its pytest cases) under ThreadSanitizer"
 tsan=$root/build-tsan
-# LibTorch itself is not instrumented (ignored as Open MPI is); mpiml::torch is.
+# LibTorch and Python are not instrumented (ignored as Open MPI is); mpiml,
+# mpiml::torch and the extensions _core and _c10d are (python/tests/tsan.cmake).
 if cmake -S "$root" -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMPIML_SANITIZE_THREAD=ON -DMPIML_WITH_TORCH=ON \
-     -DMPIML_WITH_PYTHON=OFF -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF > "$tsan-configure.log" 2>&1 &&
-   cmake --build "$tsan" -j"$(nproc)" --target test_watchdog test_profile test_torch_overlap test_worker_queue > "$tsan-build.log" 2>&1; then
+     -DMPIML_WITH_PYTHON=ON -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF > "$tsan-configure.log" 2>&1 &&
+   cmake --build "$tsan" -j"$(nproc)" --target test_watchdog test_profile test_torch_overlap test_worker_queue \
+     _core _c10d > "$tsan-build.log" 2>&1; then
   # Open MPI is not built with TSan: its modules are ignored, its own locking suppressed.
   log=$tsan/ctest.log
   OMPI_MCA_btl=self,vader OMPI_MCA_mca_base_component_disable_dlclose=1 \
   TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1 suppressions=$root/tests/tsan.supp" \
-    ctest --test-dir "$tsan" --output-on-failure -R "^test_(watchdog|profile|torch_overlap|worker_queue)\.np" -j2 2>&1 | tee "$log" | tail -6
+    ctest --test-dir "$tsan" --output-on-failure -R "^(test_(watchdog|profile|torch_overlap|worker_queue)|tsan_.*)\.np" -j2 2>&1 | tee "$log" | tail -6
   count "$log"
 else
   echo "ThreadSanitizer build FAILED"; tail -30 "$tsan-configure.log" "$tsan-build.log"; failed=$((failed + 1))

@@ -1,6 +1,6 @@
-// Rank 2 of 3 is late in a function of its own while the others wait in a
+// Rank 2 of 3 (or L) is late in a function of its own while the others wait in a
 // collective: the report (tests/run_report_test.sh) names both places.
-//   hang_child hang      the others wait past MPIML_TIMEOUT: report, abort
+//   hang_child hang [L]  the others wait past MPIML_TIMEOUT: report, abort (L late)
 //   hang_child demand S  rank 2 is late S seconds; the job ends with 0
 //   hang_child mismatch  rank 1 passes another count (MPIML_CHECK=1)
 #include <mpiml/mpiml.hpp>
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
             return 0;
         }
         const double late = mode == "demand" && argc > 2 ? std::atof(argv[2]) : 60.0;
-        if (rank == 2) sleepy_rank_work(late);
+        if (rank == (mode == "hang" && argc > 2 ? std::atoi(argv[2]) : 2)) sleepy_rank_work(late);
         mpiml::barrier();  // WAIT-LINE
         if (rank == 0) std::printf("hang_child: %s done\n", mode.c_str());
         return 0;

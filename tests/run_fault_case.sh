@@ -2,9 +2,16 @@
 # run_fault_case.sh <launcher> <flags> <prog> <np> <mode> <faulty-rank> <max-seconds> <regex> [extra args]
 # Passes when the job ends non-zero within max-seconds and its output matches regex.
 # With EXPECT_OK=1: when the job ends with status 0 and its output does NOT match regex.
+# With REPORT_RANKS=n: also when the output holds the report of n ranks once, complete.
 set -u
 launcher=$1 flags=$2 prog=$3 np=$4 mode=$5 faulty=$6 limit=$7 regex=$8
 shift 8
+# hang reports go to a directory of their own, removed at the end
+if [ -z "${MPIML_REPORT_DIR:-}" ]; then
+  reports=$(mktemp -d)
+  trap 'rm -rf "$reports"' EXIT
+  export MPIML_REPORT_DIR=$reports/reports
+fi
 start=$(date +%s.%N)
 # shellcheck disable=SC2086
 out=$(timeout $((limit + 30)) "$launcher" -np "$np" $flags "$prog" "$mode" "$faulty" "$@" 2>&1)
@@ -21,6 +28,12 @@ if [ "${EXPECT_OK:-0}" = 1 ]; then
 else
   [ "$rc" -ne 0 ] || { echo "FAIL: job exited 0"; ok=0; }
   grep -Eq -- "$regex" <<<"$out" || { echo "FAIL: output does not match /$regex/"; ok=0; }
+fi
+if [ -n "${REPORT_RANKS:-}" ]; then
+  f=$(mktemp)
+  printf '%s\n' "$out" > "$f"
+  bash "$(dirname "$0")/check_report.sh" "$f" "$REPORT_RANKS" || ok=0
+  rm -f "$f"
 fi
 [ $ok -eq 1 ] && echo "PASS" && exit 0
 exit 1

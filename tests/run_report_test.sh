@@ -4,8 +4,11 @@
 # the report (docs/DEBUGGING.md). The program is tests/hang_child or
 # python/tests/hang_child.py; REPORT_TOOL is mpiml-report. Cases:
 #   hang      MPIML_TIMEOUT=2: the report (ranks 0, 1 in the collective at
-#             their line, rank 2 in sleepy_rank_work at its line), then the
-#             job ends non-zero within the deadline + 5 s (+ start-up)
+#             their line, rank 2 in sleepy_rank_work at its line), complete
+#             and once although both waiting ranks' deadlines pass together,
+#             then each one's watchdog line, and the job ends non-zero within
+#             the deadline + 5 s (+ start-up)
+#   hang0     the same with rank 0 late (its agent answers ranks 1 and 2)
 #   signal    SIGUSR1 to the launcher while rank 2 is late: the report, and
 #             the job ends with 0
 #   command   the same through mpiml-report <launcher pid>
@@ -24,10 +27,12 @@ export MPIML_REPORT_DIR=$dir/reports
 ok=1
 fail() { echo "FAIL: $*"; ok=0; }
 start=$(date +%s.%N)
+late=2
 case $case in
-  hang)
+  hang|hang0)
+    [ "$case" = hang0 ] && late=0
     # shellcheck disable=SC2086
-    MPIML_TIMEOUT=2 timeout 40 "$launcher" -np 3 $flags "${prog[@]}" hang > "$dir/out" 2>&1
+    MPIML_TIMEOUT=2 timeout 40 "$launcher" -np 3 $flags "${prog[@]}" hang $late > "$dir/out" 2>&1
     rc=$? ;;
   signal|command)
     # shellcheck disable=SC2086
@@ -69,14 +74,15 @@ echo "---- case=$case exit=$rc elapsed=${elapsed}s"
 out=$dir/out
 # A section: from its "==== rank R/3" line to the next one.
 section() { awk -v r="==== rank $1/3 " 'index($0, r) == 1 { on = 1; print; next } /^==== rank |^\[mpiml\] end of report/ { on = 0 } on' "$out"; }
-check_report() {  # the one report: rank 2 late at its line, ranks 0 and 1 in the collective at theirs
-  [ "$(grep -c '^\[mpiml\] report: where every rank is (3 ranks)' "$out")" -eq 1 ] || fail "not exactly one report"
-  local late wait r
-  late=$(line LATE-LINE) wait=$(line WAIT-LINE)
-  section 2 | grep -q "not in a collective" || fail "rank 2 is not 'not in a collective'"
-  section 2 | grep -Eq "sleepy_rank_work.*$base:$late|$base\", line $late in sleepy_rank_work" ||
-    fail "rank 2's stack does not show sleepy_rank_work at $base:$late"
-  for r in 0 1; do
+check_report() {  # the one report, complete: the late rank at its line, the others in the collective at theirs
+  bash "$(dirname "$0")/check_report.sh" "$out" 3 || ok=0
+  local wait r
+  wait=$(line WAIT-LINE)
+  section $late | grep -q "not in a collective" || fail "rank $late is not 'not in a collective'"
+  section $late | grep -Eq "sleepy_rank_work.*$base:$(line LATE-LINE)|$base\", line $(line LATE-LINE) in sleepy_rank_work" ||
+    fail "rank $late's stack does not show sleepy_rank_work at $base:$(line LATE-LINE)"
+  for r in 0 1 2; do
+    [ "$r" -eq "$late" ] && continue
     section $r | grep -Eq "^==== rank $r/3 .*: in barrier #[0-9]+ .* at [^ ]*$base:$wait" ||
       fail "rank $r is not in the barrier at $base:$wait"
     section $r | grep -Eq "allreduce.* at [^ ]*$base:$(line FIRST-LINE)" ||
@@ -85,10 +91,16 @@ check_report() {  # the one report: rank 2 late at its line, ranks 0 and 1 in th
   ls "$MPIML_REPORT_DIR"/report-*.txt > /dev/null 2>&1 || fail "no report file in MPIML_REPORT_DIR"
 }
 case $case in
-  hang)
+  hang|hang0)
     check_report
-    if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ]; then fail "the job exited $rc"; fi
-    grep -q "watchdog: .*waited" "$out" || fail "no watchdog line"
+    [ "$rc" -eq 1 ] || fail "the job exited $rc, not with the watchdog's status 1"
+    # the waiting ranks' watchdog lines, after the report
+    for r in 0 1 2; do
+      [ "$r" -eq "$late" ] && continue
+      grep -Eq "rank $r/3: watchdog: .*waited" "$out" || fail "no watchdog line of rank $r"
+    done
+    awk '/^\[mpiml\] end of report/ { e = NR } /watchdog: .*waited.*aborting the job/ && !w { w = NR } END { exit !(e && w > e) }' "$out" ||
+      fail "a watchdog line comes before the report's end"
     # start-up and MPI_Abort on top of the 2 s deadline + 5 s
     awk -v e="$elapsed" 'BEGIN { exit !(e <= 12) }' || fail "took ${elapsed}s" ;;
   signal|command)

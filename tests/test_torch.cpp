@@ -390,14 +390,57 @@ TEST(TorchAvgGrads, OverlapNeedsSerializedThreads) {
                  {"mpiml::GradAverager", "MPI_THREAD_SERIALIZED", "MPI_THREAD_FUNNELED"});
 }
 
+// mpiml::set_check(true) while it lives; rank 1's Linear has another shape.
+struct MismatchedModule {
+    const bool was = mpiml::check_enabled();
+    torch::nn::Linear m{3, rank() == 1 ? 4 : 3};
+    MismatchedModule() {
+        mpiml::set_check(true);
+        for (auto& p : m->parameters()) p.mutable_grad() = torch::ones_like(p);
+    }
+    ~MismatchedModule() { mpiml::set_check(was); }
+};
+
 TEST(TorchAvgGrads, MismatchIsCaughtWhenChecksAreOn) {
     if (size() == 1) GTEST_SKIP() << "needs 2+ ranks";
-    const bool was = mpiml::check_enabled();
-    mpiml::set_check(true);
-    torch::nn::Linear m(3, rank() == 1 ? 4 : 3);
+    MismatchedModule mm;
+    expect_error([&] { mpiml::mpi_avg_grads(mm.m); }, {"mpiml::mpi_avg_grads", "'weight'", "rank 1"});
+}
+
+// A module mismatch names each rank's call site: the line that called the
+// helper (a defaulted std::source_location), as the collectives do.
+TEST(TorchAvgGrads, MismatchNamesTheCallSite) {
+    if (size() == 1) GTEST_SKIP() << "needs 2+ ranks";
+    MismatchedModule mm;
+    auto& m = mm.m;
+    const auto at = [](int line) { return "called at " + std::string(__FILE__) + ":" + std::to_string(line); };
+    const int avg_line = __LINE__ + 1;
+    expect_error([&] { mpiml::mpi_avg_grads(m); }, {"mpiml::mpi_avg_grads", "'weight'", at(avg_line)});
+    const int sync_line = __LINE__ + 1;
+    expect_error([&] { mpiml::sync_params(m); }, {"mpiml::sync_params", at(sync_line)});
+    const int make_line = __LINE__ + 1;
+    expect_error([&] { mpiml::GradAverager avg(m); }, {"mpiml::GradAverager", at(make_line)});
+}
+
+// The collectives of the helpers are in the history with the caller's line.
+TEST(TorchAvgGrads, HistoryNamesTheCallSite) {
+    if (size() == 1) GTEST_SKIP() << "one rank: the helpers run no collective";
+    torch::nn::Linear m(3, 3);
     for (auto& p : m->parameters()) p.mutable_grad() = torch::ones_like(p);
-    expect_error([&] { mpiml::mpi_avg_grads(m); }, {"mpiml::mpi_avg_grads", "'weight'", "rank 1"});
-    mpiml::set_check(was);
+    mpiml::GradAverager avg(m);
+    const int avg_line = __LINE__ + 1;
+    mpiml::mpi_avg_grads(m);
+    const int call_line = __LINE__ + 1;
+    avg();
+    const int sync_line = __LINE__ + 1;
+    mpiml::sync_params(m);
+    mpiml::barrier();  // every rank's history is complete before anyone asks
+    const std::string text = mpiml::report("TorchAvgGrads.HistoryNamesTheCallSite");
+    for (int line : {avg_line, call_line, sync_line}) {
+        const std::string at = "at " + std::string(__FILE__) + ":" + std::to_string(line);
+        EXPECT_NE(text.find(at), std::string::npos) << at << " not in the report:\n" << text;
+    }
+    mpiml::barrier();  // no rank goes on to other collectives while the report is made
 }
 
 // ---------------------------------------------------------- mpi_avg, setup

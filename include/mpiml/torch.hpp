@@ -10,6 +10,7 @@
 #pragma once
 
 #include <mpiml/checkpoint.hpp>
+#include <mpiml/report.hpp>
 #include <mpiml/session.hpp>
 
 #include <ATen/core/Generator.h>
@@ -20,6 +21,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <source_location>
 #include <vector>
 
 namespace mpiml {
@@ -38,18 +40,24 @@ void setup_pytorch_for_mpi();
 /// (count, order, names, shapes, dtypes, root); on a mismatch every rank throws
 /// the same mpiml::Error naming the first differing parameter or buffer, the
 /// ranks that differ and what each has. Tensors registered twice (tied weights)
-/// are synced once.
-void sync_params(torch::nn::Module& module, int root = 0, Comm comm = {});
-void sync_params(const torch::Tensor& tensor, int root = 0, Comm comm = {});
-void sync_params(const std::vector<torch::Tensor>& tensors, int root = 0, Comm comm = {});
+/// are synced once. loc: the call site its collectives are recorded with (in
+/// the report's history and mismatch errors), the caller's by default.
+void sync_params(torch::nn::Module& module, int root = 0, Comm comm = {},
+                 std::source_location loc = std::source_location::current());
+void sync_params(const torch::Tensor& tensor, int root = 0, Comm comm = {},
+                 std::source_location loc = std::source_location::current());
+void sync_params(const std::vector<torch::Tensor>& tensors, int root = 0, Comm comm = {},
+                 std::source_location loc = std::source_location::current());
 template <class M>
-void sync_params(const torch::nn::ModuleHolder<M>& holder, int root = 0, Comm comm = {}) {
-    sync_params(*holder.ptr(), root, comm);  // ptr(): operator* is const
+void sync_params(const torch::nn::ModuleHolder<M>& holder, int root = 0, Comm comm = {},
+                 std::source_location loc = std::source_location::current()) {
+    sync_params(*holder.ptr(), root, comm, loc);  // ptr(): operator* is const
 }
 template <class M>
     requires std::derived_from<M, torch::nn::Module>
-void sync_params(const std::shared_ptr<M>& module, int root = 0, Comm comm = {}) {
-    sync_params(*module, root, comm);
+void sync_params(const std::shared_ptr<M>& module, int root = 0, Comm comm = {},
+                 std::source_location loc = std::source_location::current()) {
+    sync_params(*module, root, comm, loc);
 }
 
 struct AvgGradsOptions {
@@ -104,20 +112,22 @@ struct AvgGradsOptions {
 ///   collectives, so the other ranks do not hang.
 /// - With mpiml::check_enabled(), first verifies that the modules match, as
 ///   sync_params does (one extra small allreduce).
-void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts = {}, Comm comm = {});
+/// - loc: the call site its collectives are recorded with (as sync_params).
+void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts = {}, Comm comm = {},
+                   std::source_location loc = std::source_location::current());
 /// Same, for the gradients of a list of tensors (parameters).
 void mpi_avg_grads(const std::vector<torch::Tensor>& params, const AvgGradsOptions& opts = {},
-                   Comm comm = {});
+                   Comm comm = {}, std::source_location loc = std::source_location::current());
 template <class M>
 void mpi_avg_grads(const torch::nn::ModuleHolder<M>& holder, const AvgGradsOptions& opts = {},
-                   Comm comm = {}) {
-    mpi_avg_grads(*holder.ptr(), opts, comm);
+                   Comm comm = {}, std::source_location loc = std::source_location::current()) {
+    mpi_avg_grads(*holder.ptr(), opts, comm, loc);
 }
 template <class M>
     requires std::derived_from<M, torch::nn::Module>
 void mpi_avg_grads(const std::shared_ptr<M>& module, const AvgGradsOptions& opts = {},
-                   Comm comm = {}) {
-    mpi_avg_grads(*module, opts, comm);
+                   Comm comm = {}, std::source_location loc = std::source_location::current()) {
+    mpi_avg_grads(*module, opts, comm, loc);
 }
 
 namespace detail {
@@ -129,21 +139,25 @@ struct GradAveragerImpl;
 /// The parameter list is captured at construction (the parameters are kept
 /// alive); construction and destruction are collective over comm, as is each
 /// call. Each call averages the gradients exactly as mpi_avg_grads does.
+/// Collectives are recorded with the call site of the call (loc), those
+/// during backward() (overlap) with the construction's.
 class GradAverager {
 public:
     explicit GradAverager(torch::nn::Module& module, const AvgGradsOptions& opts = {},
-                          Comm comm = {});
+                          Comm comm = {}, std::source_location loc = std::source_location::current());
     explicit GradAverager(const std::vector<torch::Tensor>& params,
-                          const AvgGradsOptions& opts = {}, Comm comm = {});
+                          const AvgGradsOptions& opts = {}, Comm comm = {},
+                          std::source_location loc = std::source_location::current());
     template <class M>
     explicit GradAverager(const torch::nn::ModuleHolder<M>& holder,
-                          const AvgGradsOptions& opts = {}, Comm comm = {})
-        : GradAverager(*holder.ptr(), opts, comm) {}
+                          const AvgGradsOptions& opts = {}, Comm comm = {},
+                          std::source_location loc = std::source_location::current())
+        : GradAverager(*holder.ptr(), opts, comm, loc) {}
     template <class M>
         requires std::derived_from<M, torch::nn::Module>
     explicit GradAverager(const std::shared_ptr<M>& module, const AvgGradsOptions& opts = {},
-                          Comm comm = {})
-        : GradAverager(static_cast<torch::nn::Module&>(*module), opts, comm) {}
+                          Comm comm = {}, std::source_location loc = std::source_location::current())
+        : GradAverager(static_cast<torch::nn::Module&>(*module), opts, comm, loc) {}
     ~GradAverager();
     GradAverager(GradAverager&&) noexcept;
     GradAverager& operator=(GradAverager&&) noexcept;
@@ -154,7 +168,7 @@ public:
     /// overlap: finishes the averaging backward() started, then rethrows the
     /// first failure of the communication thread (naming the rank), or a
     /// parameter whose gradient was accumulated again after it was averaged.
-    void operator()();
+    void operator()(std::source_location loc = std::source_location::current());
 
     /// While it lives, backward() passes only accumulate gradients (as DDP's
     /// no_sync): with overlap, nothing is averaged until the first

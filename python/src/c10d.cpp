@@ -386,14 +386,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::collective(
     auto work = c10::make_intrusive<MpimlWork>(type, std::move(outputs), title, inputs);
     // The profiler keeps the call's name past the call: a name that lives on.
     const char* call = mpiml::detail::profile_intern("mpiml c10d " + name);
+    // Read when issued, in program order: every rank checks the same operations
+    // even if the setting changes while earlier ones are still queued.
+    const bool check = size_ > 1 && check_.load(std::memory_order_relaxed);
     queue_->push(WorkerQueue::Op{
         name,
-        [this, work, call, type, sig, body = std::move(body)] {
+        [this, work, call, type, sig, check, body = std::move(body)] {
             work->profile_start();
             mpiml::detail::DoorScope scope({exit_kind(type), call, comm_, sig.data(),
                                             static_cast<int>(sig.size()), describe_sig,
-                                            size_ > 1 && check_.load(std::memory_order_relaxed),
-                                            timeout_s_, where_});
+                                            check, timeout_s_, where_});
             body();
             return WorkerQueue::Posted{};
         },

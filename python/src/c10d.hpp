@@ -131,7 +131,7 @@ private:
     std::string group_id_;
     std::string where_;       // the watchdog's words for this group
     double timeout_s_ = 0;
-    std::atomic<bool> check_{true};  // set from Python, read by the worker
+    std::atomic<bool> check_{true};  // set from Python, read when an operation is issued
     std::unique_ptr<WorkerQueue> queue_;
 };
 

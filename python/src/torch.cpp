@@ -117,7 +117,9 @@ PYBIND11_MODULE(_torch, m) {
         py::gil_scoped_release nogil;
         mpiml::setup_pytorch_for_mpi();
     });
+    // Each collective call takes the Python caller's frame as its call site (PySite).
     m.def("mpi_avg_grads", [](py::handle module, py::handle comm, double cap_mb, bool as_view) {
+        PySite site;
         const mpiml::Comm c = to_comm(comm);
         mpiml::AvgGradsOptions o;
         o.bucket_cap_bytes = cap_bytes(cap_mb, "mpi_avg_grads");
@@ -152,6 +154,7 @@ PYBIND11_MODULE(_torch, m) {
         "backward() passes under `with avg.no_sync():`.")
         .def(py::init([](py::handle module, py::handle comm, bool as_view, double cap_mb,
                          bool overlap) {
+                 PySite site;
                  const mpiml::Comm c = to_comm(comm);
                  mpiml::AvgGradsOptions o;
                  o.bucket_cap_bytes = cap_bytes(cap_mb, "mpiml::GradAverager");
@@ -165,6 +168,7 @@ PYBIND11_MODULE(_torch, m) {
              py::arg("gradient_as_bucket_view") = false, py::arg("bucket_cap_mb") = 25.0,
              py::arg("overlap") = false)
         .def("__call__", [](mpiml::GradAverager& a) {
+            PySite site;
             py::gil_scoped_release nogil;
             a();
         }, "Averages the gradients across ranks, in place (collective).")
@@ -174,6 +178,7 @@ PYBIND11_MODULE(_torch, m) {
              "call after the next backward() outside averages their sum.")
         .def("__len__", &mpiml::GradAverager::size, "Parameters whose gradients are averaged.");
     m.def("sync_params", [](py::handle module, int root, py::handle comm) {
+        PySite site;
         const mpiml::Comm c = to_comm(comm);
         auto ts = tensors_of(module, true, true, "sync_params");
         py::gil_scoped_release nogil;

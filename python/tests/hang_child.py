@@ -1,7 +1,7 @@
 """Rank 2 of 3 is late in a function of its own while the others wait in a
 collective: the report (tests/run_report_test.sh, run by test_report.py)
 names both places.
-    hang_child.py hang      the others wait past MPIML_TIMEOUT: report, abort
+    hang_child.py hang [L]  the others wait past MPIML_TIMEOUT: report, abort (L late)
     hang_child.py demand S  rank 2 is late S seconds; the job ends with 0
     hang_child.py mismatch  rank 1 passes another count (MPIML_CHECK=1)
 """
@@ -34,7 +34,7 @@ def main():
             print(f"rank {rank} caught: {e}", flush=True)
         return
     late = float(sys.argv[2]) if mode == "demand" else 60.0
-    if rank == 2:
+    if rank == (int(sys.argv[2]) if mode == "hang" and len(sys.argv) > 2 else 2):
         sleepy_rank_work(late)
     mt.barrier()  # WAIT-LINE
     if rank == 0:

@@ -2,6 +2,7 @@
 collective and dtype against Gloo's result from a Gloo group in the same
 process, error paths, subgroups, p2p, determinism, DDP and ZeRO."""
 
+import time
 import copy
 
 import pytest
@@ -403,6 +404,33 @@ def test_one_agreement_round_per_collective(world, core_check):
         mpiml.set_check(before)
     assert rounds == 12
     assert unchecked == (1 if core_check else 0)  # MPIML_CHECK still checks
+
+
+def test_check_set_while_operations_run(world):
+    # pg.check is written here while the group's worker runs queued operations
+    # (the thread sanitizer stage runs this). Each operation keeps the setting
+    # it was issued with, on every rank, however far each rank's worker got:
+    # otherwise one rank would run an agreement round the other skips.
+    rank, n = world
+    pg = dist.distributed_c10d._get_default_group()
+    ts = [torch.full((256,), float(i)) for i in range(8)]
+    works = []
+    # Rank 0 issues everything at once, its worker still in the first
+    # operation; the last rank sets the flag while its worker keeps up.
+    if rank == n - 1:
+        time.sleep(0.3)
+    try:
+        for i, t in enumerate(ts):
+            works.append(dist.all_reduce(t, async_op=True))
+            pg.check = i % 2 == 0
+            if rank == n - 1:
+                time.sleep(0.05)
+    finally:
+        pg.check = True
+    for w in works:
+        w.wait()
+    for i, t in enumerate(ts):
+        assert torch.equal(t, torch.full((256,), float(i * n)))
 
 
 def test_works_with_mpi4py(world):

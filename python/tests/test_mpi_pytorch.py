@@ -2,6 +2,7 @@
 the training equivalence: n ranks on 1/n of a batch each == one process on
 the whole batch, after 20 Adam steps."""
 import copy
+import sys
 
 import pytest
 import torch
@@ -147,6 +148,25 @@ def test_sync_params_mismatch_is_an_error_on_every_rank():
     m = nn.Linear(3, 2 + (RANK == SIZE - 1))
     with pytest.raises(mpiml.Error, match="sync_params"):
         mp.sync_params(m)
+
+
+def test_mismatch_names_the_python_call_site():
+    # the error ends with each rank's call site: this file's line, this function
+    if SIZE == 1:
+        pytest.skip("needs 2 or more ranks: one rank has no peer to disagree with")
+    m = nn.Linear(3, 2 + (RANK == SIZE - 1))
+    fill_grads(m)
+    was = mpiml.check_enabled()
+    mpiml.set_check(True)  # mpi_avg_grads compares the modules only then
+    try:
+        for call in (mp.sync_params, mp.mpi_avg_grads, mp.GradAverager):
+            line = sys._getframe().f_lineno + 2
+            with pytest.raises(mpiml.Error) as e:
+                call(m)
+            site = f"called at {__file__}:{line} in test_mismatch_names_the_python_call_site)"
+            assert site in str(e.value), str(e.value)
+    finally:
+        mpiml.set_check(was)
 
 
 def test_mpi_avg_tensor():

@@ -17,7 +17,7 @@ CHECK = HERE.parent.parent / "tests" / "run_report_test.sh"
 CHILD = HERE / "hang_child.py"
 
 
-@pytest.mark.parametrize("case", ["hang", "signal", "command", "mismatch"])
+@pytest.mark.parametrize("case", ["hang", "hang0", "signal", "command", "mismatch"])
 def test_report(case):
     tool = os.environ.get("MPIML_REPORT_TOOL", "")
     if case == "command" and not os.access(tool, os.X_OK):

@@ -168,6 +168,7 @@ void set_abort_record(const std::string& path) {
     if (::gethostname(host_name, sizeof host_name - 1) != 0) host_name[0] = '\0';
 }
 void record_abort_line(std::string_view what) { record_abort(what.data(), what.size()); }
+void abort_quietly(int code) { abort_mpi(code == 0 ? 1 : code); }
 }  // namespace detail
 
 void install_failure_handlers() {

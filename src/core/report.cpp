@@ -9,8 +9,9 @@
 // dumper, native frames of every thread captured by a signal sent to each
 // thread (the handler only records return addresses), symbolized afterwards
 // by the agent. Asked by a watchdog whose deadline passed (any rank, any
-// host), by SIGUSR1 (mpirun forwards it to every rank), by mpiml::report, or
-// by the mpiml-report command through the agent file each rank writes.
+// host; rank 0 then ends the job once the report is out), by SIGUSR1 (mpirun
+// forwards it to every rank), by mpiml::report, or by the mpiml-report
+// command through the agent file each rank writes.
 #include "core/report.hpp"
 
 #include "core/config.hpp"
@@ -18,6 +19,7 @@
 
 #include <mpiml/datatype.hpp>
 #include <mpiml/error.hpp>
+#include <mpiml/failure.hpp>
 
 #include <arpa/inet.h>
 #include <cxxabi.h>
@@ -40,9 +42,11 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -50,14 +54,27 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace mpiml::detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-std::int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+// The history's clock: the coarse monotonic clock, a few ns to read (the
+// precise one costs more than the rest of the record); it ticks every few ms.
+std::int64_t coarse_ns() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+std::int64_t coarse_tick_ns() {
+    static const std::int64_t tick = [] {
+        timespec ts{};
+        ::clock_getres(CLOCK_MONOTONIC_COARSE, &ts);
+        return std::max<std::int64_t>(1, std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec);
+    }();
+    return tick;
 }
 double seconds(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
@@ -75,18 +92,51 @@ struct Entry {
     CallInfo info{};
     bool world = false;
     CallSite site{};
-    std::int64_t t0 = 0, t1 = 0;  // steady ns; t1 == 0: in progress
+    std::int64_t t0 = 0, t1 = 0;  // coarse_ns; t1 == 0: in progress
 };
 constexpr std::size_t ring_size = 32;
 constexpr std::size_t shown = 8;  // history lines a section shows
+
+// The ring is written by every thread that enters a collective and read by
+// the agent without a lock: each slot is a seqlock (its version is odd while
+// it is written) over the entry's words, atomics so that a read racing a
+// write is no data race, only a copy the version check throws away.
+static_assert(std::is_trivially_copyable_v<Entry>);
+constexpr std::size_t entry_words = (sizeof(Entry) + 7) / 8;
+constexpr std::size_t t1_word = offsetof(Entry, t1) / 8;
+static_assert(offsetof(Entry, t1) % 8 == 0);
+struct Slot {
+    std::atomic<std::uint64_t> version{0};  // 2 token + 1 while written, 2 token + 2 after
+    std::atomic<std::uint64_t> words[entry_words]{};
+};
 struct History {
-    std::mutex m;
-    Entry ring[ring_size];
-    std::uint64_t next = 1;
+    std::atomic<std::uint64_t> next{1};
+    Slot ring[ring_size];
 };
 History& history() {
     static auto* h = new History;  // never destroyed: read by the agent until exit
     return *h;
+}
+
+void store_entry(Slot& s, const Entry& e) {
+    std::uint64_t w[entry_words] = {};
+    std::memcpy(w, &e, sizeof e);
+    s.version.store(2 * e.token + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    for (std::size_t i = 0; i < entry_words; ++i) s.words[i].store(w[i], std::memory_order_relaxed);
+    s.version.store(2 * e.token + 2, std::memory_order_release);
+}
+
+// A consistent copy of the slot's entry; false when empty or being written.
+bool load_entry(const Slot& s, Entry& e) {
+    const std::uint64_t v = s.version.load(std::memory_order_acquire);
+    if (v == 0 || (v & 1)) return false;
+    std::uint64_t w[entry_words];
+    for (std::size_t i = 0; i < entry_words; ++i) w[i] = s.words[i].load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.version.load(std::memory_order_relaxed) != v) return false;
+    std::memcpy(&e, w, sizeof e);
+    return true;
 }
 
 std::string fmt_duration(double s) {
@@ -98,6 +148,13 @@ std::string fmt_duration(double s) {
     else
         std::snprintf(b, sizeof b, "%.1f s", s);
     return b;
+}
+
+// A span of the coarse clock: below one tick, "< tick".
+std::string fmt_span(std::int64_t ns) {
+    const std::int64_t tick = coarse_tick_ns();
+    return ns < tick ? "< " + fmt_duration(static_cast<double>(tick) * 1e-9)
+                     : fmt_duration(static_cast<double>(ns) * 1e-9);
 }
 
 std::string entry_text(const Entry& e) {
@@ -411,25 +468,28 @@ std::string own_section() {
     const auto& s = state();
     const int rank = s.world_rank, size = s.world_size;
     std::vector<Entry> entries;
-    {
-        auto& h = history();
-        std::lock_guard lock(h.m);
-        for (const Entry& e : h.ring)
-            if (e.token != 0) entries.push_back(e);
+    for (const Slot& slot : history().ring) {
+        Entry e;
+        for (int attempt = 0; attempt < 100; ++attempt)
+            if (load_entry(slot, e)) {
+                entries.push_back(e);
+                break;
+            } else if (slot.version.load(std::memory_order_relaxed) == 0) {
+                break;
+            }
     }
     std::sort(entries.begin(), entries.end(),
               [](const Entry& a, const Entry& b) { return a.token < b.token; });
-    const std::int64_t t = now_ns();
+    const std::int64_t t = coarse_ns();
     std::string where;
     for (const Entry& e : entries)
         if (e.t1 == 0)
             where += std::string(where.empty() ? "in " : "; and in ") + entry_text(e) + " for " +
-                     fmt_duration(static_cast<double>(t - e.t0) * 1e-9);
+                     fmt_span(t - e.t0);
     if (where.empty()) {
         where = "not in a collective";
         if (!entries.empty())
-            where += " (left the last one " +
-                     fmt_duration(static_cast<double>(t - entries.back().t1) * 1e-9) + " ago)";
+            where += " (left the last one " + fmt_span(t - entries.back().t1) + " ago)";
     }
     std::string out = section_head(rank, size, host_name(), ::getpid()) + ": " + where + "\n";
     out += "    last collectives (oldest first):\n";
@@ -438,8 +498,7 @@ std::string own_section() {
     for (std::size_t i = first; i < entries.size(); ++i) {
         const Entry& e = entries[i];
         out += "      " + entry_text(e) + ": " +
-               (e.t1 ? fmt_duration(static_cast<double>(e.t1 - e.t0) * 1e-9)
-                     : "in progress") + "\n";
+               (e.t1 ? fmt_span(e.t1 - e.t0) : "in progress") + "\n";
     }
     out += stacks_text();
     return out;
@@ -563,11 +622,12 @@ void write_stderr(const std::string& s) {
     }
 }
 
-// Rank 0: asks every rank for its section, prints and files the report.
-std::string make_report(const std::string& reason) {
+// Rank 0: asks every rank for its section, prints and files the report
+// (within budget_ms but for its own section's native frames).
+std::string make_report(const std::string& reason, int budget_ms = 4000) {
     auto& a = agent();
     const auto start = Clock::now();
-    const auto until = start + std::chrono::milliseconds(4000);
+    const auto until = start + std::chrono::milliseconds(budget_ms);
     struct Peer {
         int fd = -1;
         std::string text;
@@ -577,7 +637,8 @@ std::string make_report(const std::string& reason) {
     const std::string ask = cookie_hex(a.cards[0].cookie) + " SECTION\n";
     for (int r = 1; r < a.size; ++r) {
         Peer& p = peers[static_cast<std::size_t>(r)];
-        p.fd = connect_to(a.cards[static_cast<std::size_t>(r)], start + std::chrono::milliseconds(1500));
+        p.fd = connect_to(a.cards[static_cast<std::size_t>(r)],
+                          start + std::chrono::milliseconds(std::min(1500, budget_ms / 2)));
         if (p.fd >= 0 && !send_all(p.fd, ask, until)) {
             ::close(p.fd);
             p.fd = -1;
@@ -641,6 +702,50 @@ std::string make_report(const std::string& reason) {
     return text;
 }
 
+// Asker and rank 0 of a hang: "HANG <rank> <what>", answered "DONE" once the
+// report and the asker's abort line are written.
+constexpr int hang_gather_ms = 3300;                              // rank 0 gathers the sections
+constexpr auto hang_answer = std::chrono::milliseconds(4200);     // an asker waits for DONE
+constexpr auto hang_end = std::chrono::milliseconds(4800);        // then for the end, from its expiry
+constexpr auto hang_end_after = std::chrono::milliseconds(1000);  // but at least this after DONE
+
+// "[mpiml] rank R/N: <what> - aborting the job", as failure.cpp prints it.
+std::string abort_line(const std::string& hang_request) {
+    const auto sp = hang_request.find(' ');
+    return "[mpiml] rank " + hang_request.substr(0, sp) + "/" + std::to_string(agent().size) + ": " +
+           (sp == std::string::npos ? std::string() : hang_request.substr(sp + 1)) + " - aborting the job\n";
+}
+
+// Rank 0's agent, asked by a rank whose watchdog expired: one report, the
+// abort line of every rank that asked meanwhile (their requests wait in the
+// listen queue while the report is made), then this rank ends the job. The
+// end comes from the rank that printed, so that the launcher has forwarded
+// the whole report before it kills anyone.
+[[noreturn]] void end_job_after_report(int fd, const std::string& first) {
+    auto& a = agent();
+    const auto sp = first.find(' ');
+    make_report(sp == std::string::npos ? first : first.substr(sp + 1), hang_gather_ms);
+    std::vector<int> askers{fd};
+    std::string lines = abort_line(first);
+    const std::string prefix = cookie_hex(a.cards[0].cookie) + " HANG ";
+    const auto until = Clock::now() + std::chrono::milliseconds(100);
+    while (wait_fd(a.listen_fd, POLLIN, until) > 0) {
+        const int c = ::accept4(a.listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (c < 0) continue;
+        std::string req;
+        if (recv_until(c, req, until, true) && req.rfind(prefix, 0) == 0) {
+            req.resize(req.find('\n'));
+            lines += abort_line(req.substr(prefix.size()));
+            askers.push_back(c);
+        } else {
+            ::close(c);  // a section or report request: the job ends anyway
+        }
+    }
+    write_stderr(lines);
+    for (int c : askers) send_all(c, "DONE\n", Clock::now() + std::chrono::milliseconds(200));
+    abort_quietly(1);
+}
+
 void serve(int fd) {
     auto& a = agent();
     const auto until = Clock::now() + std::chrono::milliseconds(2000);
@@ -654,6 +759,7 @@ void serve(int fd) {
         send_all(fd, own_section(), Clock::now() + std::chrono::milliseconds(3000));
         return;
     }
+    if (a.rank == 0 && rest.rfind("HANG ", 0) == 0) end_job_after_report(fd, rest.substr(5));
     const bool wait = rest.rfind("REPORT ", 0) == 0;
     if (a.rank != 0 || (!wait && rest.rfind("NOTIFY ", 0) != 0)) return;
     // Requests that came while the last report was being made get that one.
@@ -769,20 +875,19 @@ std::string site_text(const CallSite& site) {
 
 std::uint64_t history_enter(const CallInfo& info, std::uint64_t seq) {
     auto& h = history();
-    const std::int64_t t = now_ns();
-    std::lock_guard lock(h.m);
-    const std::uint64_t token = h.next++;
-    h.ring[token % ring_size] = Entry{token, seq, info, info.comm == MPI_COMM_WORLD, this_site, t, 0};
+    const std::uint64_t token = h.next.fetch_add(1, std::memory_order_relaxed);
+    store_entry(h.ring[token % ring_size],
+                Entry{token, seq, info, info.comm == MPI_COMM_WORLD, this_site, coarse_ns(), 0});
     return token;
 }
 
 void history_leave(std::uint64_t token) {
     if (token == 0) return;  // none
-    auto& h = history();
-    const std::int64_t t = now_ns();
-    std::lock_guard lock(h.m);
-    Entry& e = h.ring[token % ring_size];
-    if (e.token == token) e.t1 = t;
+    // Unless the slot went to a newer entry since (32 collectives entered meanwhile).
+    Slot& s = history().ring[token % ring_size];
+    if (s.version.load(std::memory_order_acquire) == 2 * token + 2)
+        s.words[t1_word].store(static_cast<std::uint64_t>(std::max<std::int64_t>(1, coarse_ns())),
+                               std::memory_order_relaxed);
 }
 
 void report_setup() {
@@ -873,11 +978,34 @@ void report_setup() {
     });
 }
 
-void report_on_hang(const std::string& why) {
-    (void)report(why);
-    // Rank 0 printed it: give the launcher time to forward it before this
-    // rank's abort line (and the abort) come.
-    if (state().world_rank != 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+void end_on_hang(const std::string& what) {
+    auto& a = agent();
+    const auto start = Clock::now();
+    bool reached = false;
+    if (a.ready.load(std::memory_order_acquire)) {
+        const int fd = connect_to(a.cards[0], start + std::chrono::milliseconds(1500));
+        reached = fd >= 0;
+        std::string answer;
+        const std::string ask = cookie_hex(a.cards[0].cookie) + " HANG " + std::to_string(a.rank) + " " +
+                                one_line(what) + "\n";
+        if (reached && send_all(fd, ask, start + hang_answer) &&
+            recv_until(fd, answer, start + hang_answer, true) && answer.rfind("DONE\n", 0) == 0) {
+            // Rank 0 printed the report and this rank's line, and ends the job.
+            // Its kill reaches the other hosts within about a second.
+            record_abort_line(what);
+            std::this_thread::sleep_until(std::max(start + hang_end, Clock::now() + hang_end_after));
+            abort_quietly(1);  // rank 0's end did not come: this rank's
+        }
+        if (fd >= 0) ::close(fd);
+    }
+    // Rank 0 cannot be reached (or no agent): this rank's own section. Rank 0
+    // reached but not done in time: only the abort line (the report may be
+    // on its way; a section of this rank now would cut through it).
+    if (!reached)
+        write_stderr("[mpiml] report of this rank only (" +
+                     std::string(a.ready ? "rank 0 cannot be reached" : "no report agent") + ") - " +
+                     what + "\n" + own_section());
+    abort_job(what, 1);
 }
 
 std::string request_report_of(int pid, const std::string& reason) {

@@ -22,9 +22,12 @@ void history_leave(std::uint64_t token);
 /// "file:line" or "file:line in function"; "" without a site.
 std::string site_text(const CallSite& site);
 
-/// A watchdog's deadline passed: prints the job-wide report (rank 0's
-/// stderr and MPIML_REPORT_DIR) and returns within about 4.5 s.
-void report_on_hang(const std::string& why);
+/// A watchdog's deadline passed on this rank (what: its abort line): asks
+/// rank 0 for the job-wide report (rank 0's stderr and MPIML_REPORT_DIR);
+/// rank 0 prints it once however many ranks ask, with their abort lines, and
+/// ends the job. This rank ends it itself if rank 0 cannot be reached or has
+/// not answered within about 4.2 s (the job ends within about 5 s).
+[[noreturn]] void end_on_hang(const std::string& what);
 
 /// mpiml-report: asks the job holding process pid (a rank, or a launcher
 /// with ranks among its descendants) for a report; returns its text, or

@@ -32,6 +32,8 @@ std::string current_exception_text();
 void set_abort_record(const std::string& path);
 /// Appends one line to the abort record, if there is one.
 void record_abort_line(std::string_view what);
+/// MPI_Abort with code, without a line (the lines that end the job are out).
+[[noreturn]] void abort_quietly(int code);
 
 /// MPIML_INJECT: set up at initialization (inject.cpp); then each collective
 /// calls inject_on_collective while injecting() is true.

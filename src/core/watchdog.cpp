@@ -5,7 +5,6 @@
 #include "core/watchdog.hpp"
 
 #include <mpiml/error.hpp>
-#include <mpiml/failure.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -95,8 +94,7 @@ std::string missing_ranks(std::uint64_t my_seq, MPI_Comm comm) {
         what += " in " + describe(s.w.info) + ", call #" + std::to_string(s.w.seq) + " on " +
                 name_of(s.w.info.comm) + missing_ranks(s.w.seq, s.w.info.comm);
     what += s.w.where;
-    report_on_hang(what);
-    abort_job(what, 1);
+    end_on_hang(what);
 }
 
 void loop() {

@@ -107,21 +107,29 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
     return out;
 }
 
-// Runs argv with env, returns stdout+stderr (for "--version").
-std::string capture(std::vector<std::string> argv, std::vector<std::string> env) {
-    int fds[2];
-    if (::pipe(fds) != 0) return "";
+// Starts argv with env, its stderr (and stdout if asked) into the pipe's write
+// end, which it closes here; returns posix_spawn's error (0: started, pid set).
+int spawn_into(int fds[2], bool with_stdout, std::vector<std::string>& argv,
+               std::vector<std::string>& env, pid_t& pid) {
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    if (with_stdout) posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
     posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
     posix_spawn_file_actions_addclose(&fa, fds[0]);
     auto a = c_strings(argv);
     auto e = c_strings(env);
-    pid_t pid = 0;
     const int rc = posix_spawn(&pid, a[0], &fa, nullptr, a.data(), e.data());
     posix_spawn_file_actions_destroy(&fa);
     ::close(fds[1]);
+    return rc;
+}
+
+// Runs argv with env, returns stdout+stderr (for "--version").
+std::string capture(std::vector<std::string> argv, std::vector<std::string> env) {
+    int fds[2];
+    if (::pipe(fds) != 0) return "";
+    pid_t pid = 0;
+    const int rc = spawn_into(fds, true, argv, env, pid);
     std::string out;
     if (rc == 0) {
         char buf[4096];
@@ -367,15 +375,8 @@ int spawn_and_wait(const LaunchPlan& plan, std::vector<std::string> argv, std::v
                    std::string& noticed) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) fail(call_name, std::string("pipe: ") + std::strerror(errno));
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
-    auto a = c_strings(argv);
-    auto e = c_strings(env);
     pid_t pid = 0;
-    const int rc = posix_spawn(&pid, a[0], &fa, nullptr, a.data(), e.data());
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(fds[1]);
+    const int rc = spawn_into(fds, false, argv, env, pid);
     running_launcher = rc == 0 ? pid : 0;
     if (rc != 0) {
         ::close(fds[0]);

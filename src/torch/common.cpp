@@ -3,6 +3,7 @@
 #include "torch/common.hpp"
 
 #include "core/agreement.hpp"
+#include "core/report.hpp"
 
 #include <mpiml/error.hpp>
 
@@ -181,10 +182,18 @@ void report_mismatch(const std::vector<std::uint64_t>& hashes,
         name = has[r].substr(q, has[r].find('\'', q + 1) - q + 1);
         break;
     }
-    const std::string what = "modules differ across ranks at entry #" + std::to_string(first) +
-                             (name.empty() ? "" : " " + name) + ": " + detail::rank_list(differ) +
-                             (differ.size() == 1 ? " differs" : " differ") + " from rank " +
-                             std::to_string(ref) + ": " + detail::group_ranks(has, ref, "has", "have");
+    std::string what = "modules differ across ranks at entry #" + std::to_string(first) +
+                       (name.empty() ? "" : " " + name) + ": " + detail::rank_list(differ) +
+                       (differ.size() == 1 ? " differs" : " differ") + " from rank " +
+                       std::to_string(ref) + ": " + detail::group_ranks(has, ref, "has", "have");
+    // and where each rank called from
+    std::vector<std::string> sites =
+        gather_descriptions(detail::site_text(detail::current_site()), comm, call);
+    if (std::any_of(sites.begin(), sites.end(), [](const std::string& s) { return !s.empty(); })) {
+        for (std::string& s : sites)
+            if (s.empty()) s = "an unknown place";
+        what += " (" + detail::group_ranks(sites, ref, "called at", "called at") + ")";
+    }
     detail::fail(call, what);
 }
 

@@ -810,7 +810,8 @@ constexpr const char* kAveragerCall = "mpiml::GradAverager";
 class Overlap {
 public:
     Overlap(GradState& st, MPI_Comm comm, int size, bool quiet, std::size_t cap)
-        : st_(st), comm_(comm), size_(size), quiet_(quiet), cap_(cap) {
+        : st_(st), comm_(comm), size_(size), quiet_(quiet), cap_(cap),
+          site_(detail::current_site()) {
         const std::size_t n = st_.entries.size();
         fired_.assign(n, 0);
         slot_.resize(n);
@@ -963,6 +964,7 @@ private:
     void loop() {
         torch::NoGradGuard no_grad;
         detail::set_quiet_waits(quiet_);
+        const detail::SiteMark site(site_);  // the construction's call site
         std::unique_lock lk(m_);
         for (;;) {
             wake_.wait(lk, [&] {
@@ -1003,6 +1005,7 @@ private:
     const int size_;
     const bool quiet_;
     const std::size_t cap_;
+    const detail::CallSite site_;
     std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
     std::thread thread_;
     std::byte* segment_ = nullptr;  // the communication thread's
@@ -1084,7 +1087,9 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
 }
 }  // namespace
 
-GradAverager::GradAverager(torch::nn::Module& module, const AvgGradsOptions& opts, Comm comm) {
+GradAverager::GradAverager(torch::nn::Module& module, const AvgGradsOptions& opts, Comm comm,
+                           std::source_location loc) {
+    detail::SiteMark site(loc);
     const MPI_Comm c = comm.get(kAveragerCall);
     std::vector<at::Tensor> params;
     std::vector<std::string> descs;
@@ -1096,7 +1101,8 @@ GradAverager::GradAverager(torch::nn::Module& module, const AvgGradsOptions& opt
 }
 
 GradAverager::GradAverager(const std::vector<torch::Tensor>& params, const AvgGradsOptions& opts,
-                           Comm comm) {
+                           Comm comm, std::source_location loc) {
+    detail::SiteMark site(loc);
     const MPI_Comm c = comm.get(kAveragerCall);
     std::vector<std::string> descs;
     if (check_enabled())
@@ -1118,7 +1124,8 @@ std::size_t GradAverager::size() const {
     return impl_ ? impl_->view_params.size() + impl_->packed.entries.size() : 0;
 }
 
-void GradAverager::operator()() {
+void GradAverager::operator()(std::source_location loc) {
+    detail::SiteMark site(loc);
     if (!impl_) detail::fail(kAveragerCall, "used after being moved from");
     auto& im = *impl_;
     if (im.size == 1) return;
@@ -1144,7 +1151,9 @@ GradAverager::NoSync::~NoSync() {
     if (impl_->overlap) impl_->overlap->set_sync(was_);
 }
 
-void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts, Comm comm) {
+void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts, Comm comm,
+                   std::source_location loc) {
+    detail::SiteMark site(loc);
     const MPI_Comm c = comm.get("mpiml::mpi_avg_grads");
     if (check_enabled()) {
         const std::vector<Named> entries = module_entries(module, /*with_buffers=*/false);
@@ -1165,7 +1174,8 @@ void mpi_avg_grads(torch::nn::Module& module, const AvgGradsOptions& opts, Comm 
 }
 
 void mpi_avg_grads(const std::vector<torch::Tensor>& params, const AvgGradsOptions& opts,
-                   Comm comm) {
+                   Comm comm, std::source_location loc) {
+    detail::SiteMark site(loc);
     const MPI_Comm c = comm.get("mpiml::mpi_avg_grads");
     if (check_enabled()) {
         std::vector<std::string> descs;

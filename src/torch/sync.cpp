@@ -118,15 +118,18 @@ void sync_entries(const std::vector<Named>& entries, int root, MPI_Comm comm) {
 
 }  // namespace
 
-void sync_params(torch::nn::Module& module, int root, Comm comm) {
+void sync_params(torch::nn::Module& module, int root, Comm comm, std::source_location loc) {
+    detail::SiteMark site(loc);
     sync_entries(module_entries(module, /*with_buffers=*/true), root, comm.get("mpiml::sync_params"));
 }
 
-void sync_params(const torch::Tensor& tensor, int root, Comm comm) {
-    sync_params(std::vector<torch::Tensor>{tensor}, root, comm);
+void sync_params(const torch::Tensor& tensor, int root, Comm comm, std::source_location loc) {
+    sync_params(std::vector<torch::Tensor>{tensor}, root, comm, loc);
 }
 
-void sync_params(const std::vector<torch::Tensor>& tensors, int root, Comm comm) {
+void sync_params(const std::vector<torch::Tensor>& tensors, int root, Comm comm,
+                 std::source_location loc) {
+    detail::SiteMark site(loc);
     std::vector<Named> entries = list_entries(tensors, "mpiml::sync_params");
     std::unordered_set<const void*> seen;
     std::erase_if(entries,

@@ -8,6 +8,16 @@
 #include <mpiml/error.hpp>
 
 namespace mpiml::detail {
+namespace {
+
+// An empty call is still compared: a peer may have passed more.
+bool compare_only(ShmContext& c, const Signature& sig, const char* call) {
+    ++c.round;
+    checked_barrier(c, sig, call);
+    return true;
+}
+
+}  // namespace
 
 bool shm_takes(std::size_t bytes, MPI_Comm comm, const char* call) {
     // shm_allreduce's decision for a built-in op on a type with a kernel.
@@ -24,17 +34,12 @@ bool shm_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype
     if (!k.combine) return false;
     ShmContext* c = shared_context_for(bytes, threshold, comm, call);
     if (!c) return false;
-    Signature sig;
-    sig.count = count;
-    sig.bytes = bytes;
-    sig.kind = Signature::allreduce;
-    sig.op = static_cast<std::uint8_t>(*op.known());
-    sig.type = static_cast<std::uint16_t>(k.type_id);
-    if (count == 0) {  // still compared: a peer may have passed more
-        ++c->round;
-        checked_barrier(*c, sig, call);
-        return true;
-    }
+    const Signature sig{.count = count,
+                        .bytes = bytes,
+                        .kind = Signature::allreduce,
+                        .op = static_cast<std::uint8_t>(*op.known()),
+                        .type = static_cast<std::uint16_t>(k.type_id)};
+    if (count == 0) return compare_only(*c, sig, call);
     if (send == MPI_IN_PLACE) send = recv;
     run_allreduce(*c, static_cast<const char*>(send), static_cast<char*>(recv), count, k, sig,
                   call);
@@ -51,18 +56,13 @@ bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, i
     if (lb != 0 || extent != tsize) return false;  // not contiguous bytes
     ShmContext* c = shared_context_for(bytes, threshold, comm, call);
     if (!c) return false;
-    Signature sig;
-    sig.count = count;
-    sig.bytes = bytes;
-    sig.kind = Signature::broadcast;
     const TypeInfo* t = find_type(type);
-    if (t) sig.type = static_cast<std::uint16_t>(t->id);
-    sig.root = root;
-    if (bytes == 0) {  // still compared: a peer may have passed more
-        ++c->round;
-        checked_barrier(*c, sig, call);
-        return true;
-    }
+    const Signature sig{.count = count,
+                        .bytes = bytes,
+                        .kind = Signature::broadcast,
+                        .type = t ? static_cast<std::uint16_t>(t->id) : std::uint16_t{0xffff},
+                        .root = root};
+    if (bytes == 0) return compare_only(*c, sig, call);
     run_broadcast(*c, static_cast<char*>(buf), bytes, sig, call);
     return true;
 }
