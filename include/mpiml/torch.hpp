@@ -77,7 +77,9 @@ struct AvgGradsOptions {
     bool gradient_as_bucket_view = false;
     /// GradAverager only: average while backward() still runs. Buckets are
     /// planned in reverse parameter order, each closed once it holds 1 MiB
-    /// (the first) or bucket_cap_bytes (as DDP), and each is averaged on a
+    /// (the first) or bucket_cap_bytes (as DDP), rebuilt once at the first
+    /// call in the order rank 0's gradients became final (as DDP), and each
+    /// bucket is averaged on a
     /// communication thread as
     /// soon as every gradient in it is final (a post-hook on each
     /// parameter's gradient accumulator); the call after backward() averages
@@ -88,6 +90,11 @@ struct AvgGradsOptions {
     /// gradient to the end of the call, only the communication thread may
     /// call MPI. Not with gradient_as_bucket_view.
     bool overlap = false;
+    /// With overlap: the communication thread waits for the network by
+    /// testing its requests with short sleeps in between (its core goes to
+    /// backward()), and averages across hosts with a ring of nonblocking
+    /// messages; false: MPI's own collectives and polling waits.
+    bool quiet_wait = true;
 };
 
 /// Averages every parameter's gradient across ranks, in place, with one
@@ -182,6 +189,13 @@ public:
 
     /// Parameters whose gradients are averaged.
     std::size_t size() const;
+
+    /// With overlap: the buckets in the order they are averaged, each as the
+    /// positions of its parameters in the parameter list (module order).
+    /// Planned in reverse parameter order, then rebuilt once, at the first
+    /// call, in the order rank 0's gradients became final in that step (the
+    /// same plan on every rank). Empty without overlap or with one rank.
+    std::vector<std::vector<std::size_t>> bucket_plan() const;
 
 private:
     std::unique_ptr<detail::GradAveragerImpl> impl_;

@@ -28,6 +28,13 @@ bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, i
                    MPI_Comm comm, const char* call);
 
 // ---- backends/mpi: counts beyond INT_MAX are sent in chunks.
+/// Quiet waits on the calling thread (GradAverager's communication thread):
+/// while on, waits test the requests with a growing sleep in between
+/// instead of MPI's polling wait, so the core goes to the computation, and a
+/// sum allreduce on MPI is a ring of nonblocking sends waited so.
+void set_quiet_waits(bool on);
+/// MPI_Waitall, or a quiet wait when the thread asked for one.
+void wait_all(int n, MPI_Request* req, const char* call);
 void mpi_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type,
                    int tsize, const ReduceOp& op, MPI_Comm comm, const char* call);
 /// In place: the sum, then divided by the number of ranks.

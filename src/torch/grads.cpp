@@ -9,6 +9,7 @@
 // them on a communication thread as backward() finishes them (class Overlap).
 #include "torch/common.hpp"
 
+#include "core/backend.hpp"
 #include "core/state.hpp"
 
 #include <mpiml/error.hpp>
@@ -808,10 +809,13 @@ constexpr const char* kAveragerCall = "mpiml::GradAverager";
 /// step is under way only the communication thread calls MPI.
 class Overlap {
 public:
-    Overlap(GradState& st, MPI_Comm comm, int size)
-        : st_(st), comm_(comm), size_(size), site_(detail::current_site()) {
+    Overlap(GradState& st, MPI_Comm comm, int size, bool quiet, std::size_t cap)
+        : st_(st), comm_(comm), size_(size), quiet_(quiet), cap_(cap),
+          site_(detail::current_site()) {
         const std::size_t n = st_.entries.size();
         fired_.assign(n, 0);
+        slot_.resize(n);
+        for (std::size_t j = 0; j < n; ++j) slot_[j] = j;
         reset_pending();
         for (std::size_t j = 0; j < n; ++j) {
             std::shared_ptr<torch::autograd::Node> acc;
@@ -835,7 +839,7 @@ public:
         }
         if (under_way) {  // ends the step as the call would, so no rank is left waiting
             try {
-                finish(kAveragerCall);
+                finish(kAveragerCall, /*rebuild_plan=*/false);
             } catch (const std::exception&) {
             }
         }
@@ -852,7 +856,7 @@ public:
 
     /// The call after backward(): runs the buckets left, waits, starts a new
     /// step and throws the step's first failure.
-    void finish(const char* call) {
+    void finish(const char* call, bool rebuild_plan = true) {
         std::unique_lock lk(m_);
         finishing_ = true;
         wake_.notify_all();
@@ -864,14 +868,27 @@ public:
         const std::exception_ptr failure = std::exchange(failure_, nullptr);
         const std::string local = std::exchange(defer_.what, {});
         const std::size_t again = std::exchange(again_, SIZE_MAX);
+        const std::size_t again_param = again == SIZE_MAX ? 0 : st_.entries[again].index;
+        if (!rebuilt_ && rebuild_plan) rebuild(call);  // the communication thread is idle
         lk.unlock();
         if (failure) std::rethrow_exception(failure);
         if (!local.empty()) detail::fail(call, local);
         if (again != SIZE_MAX)
-            detail::fail(call, "parameter #" + std::to_string(st_.entries[again].index) +
+            detail::fail(call, "parameter #" + std::to_string(again_param) +
                                    " got a gradient twice in one step (two backward() passes "
                                    "before the call): accumulate under no_sync(), or make "
                                    "the call after each backward()");
+    }
+
+    /// Parameter indices, bucket by bucket, in the order they are averaged.
+    std::vector<std::vector<std::size_t>> plan() {
+        std::lock_guard lk(m_);
+        std::vector<std::vector<std::size_t>> out;
+        for (const Bucket& b : st_.buckets) {
+            auto& v = out.emplace_back();
+            for (std::size_t k = 0; k < b.entries; ++k) v.push_back(st_.entries[st_.order[b.first + k]].index);
+        }
+        return out;
     }
 
     /// Returns the previous setting.
@@ -897,10 +914,45 @@ private:
         for (std::size_t b = 0; b < st_.buckets.size(); ++b) pending_[b] = st_.buckets[b].entries;
     }
 
+    /// The plan rebuilt once, at the first call, from the order in which
+    /// rank 0's gradients became final in that step (DDP's rebuild_buckets):
+    /// those first, then the others in the planned order; broadcast, so every
+    /// rank makes the same plan. Called with m_ held.
+    void rebuild(const char* call) {
+        rebuilt_ = true;
+        const std::size_t n = st_.entries.size();
+        std::vector<std::int64_t> order;
+        order.reserve(n);
+        std::vector<char> seen(n, 0);
+        for (std::size_t e : observed_) {
+            order.push_back(static_cast<std::int64_t>(e));
+            seen[e] = 1;
+        }
+        for (std::size_t e = 0; e < n; ++e)
+            if (!seen[e]) order.push_back(static_cast<std::int64_t>(e));
+        observed_ = {};
+        detail::broadcast(order.data(), n, MPI_INT64_T, 0, comm_, call);
+        std::vector<GradEntry> entries(n);
+        std::vector<std::size_t> moved(n);  // old position -> new
+        for (std::size_t k = 0; k < n; ++k) {
+            const auto e = static_cast<std::size_t>(order[k]);
+            if (e >= n)  // every rank has the same n (checked at construction)
+                detail::fail(call, "internal error: rank 0's bucket order does not fit this rank's parameters");
+            entries[k] = std::move(st_.entries[e]);
+            moved[e] = k;
+        }
+        st_.entries = std::move(entries);
+        for (std::size_t& j : slot_) j = moved[j];
+        st_.largest = st_.largest_fused = plan_overlap_buckets(st_, cap_);
+        reset_pending();
+    }
+
     /// A gradient is final (the autograd thread, after accumulating it).
-    void ready(std::size_t entry) {
+    void ready(std::size_t hooked) {
         std::lock_guard lk(m_);
         if (!sync_) return;
+        const std::size_t entry = slot_[hooked];
+        if (!rebuilt_ && !fired_[entry]) observed_.push_back(entry);
         if (fired_[entry]) {
             if (again_ == SIZE_MAX) again_ = entry;
             return;
@@ -911,6 +963,7 @@ private:
 
     void loop() {
         torch::NoGradGuard no_grad;
+        detail::set_quiet_waits(quiet_);
         const detail::SiteMark site(site_);  // the construction's call site
         std::unique_lock lk(m_);
         for (;;) {
@@ -950,6 +1003,8 @@ private:
     GradState& st_;
     const MPI_Comm comm_;
     const int size_;
+    const bool quiet_;
+    const std::size_t cap_;
     const detail::CallSite site_;
     std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
     std::thread thread_;
@@ -965,6 +1020,9 @@ private:
     bool sync_ = true;
     bool stop_ = false;
     std::size_t again_ = SIZE_MAX;  // an entry that got a gradient twice
+    std::vector<std::size_t> slot_;     // hooked entry -> its place in st_.entries
+    std::vector<std::size_t> observed_; // entries in the order they became final
+    bool rebuilt_ = false;
     std::exception_ptr failure_;    // a failed collective
 };
 
@@ -1023,7 +1081,8 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
         impl->views.signature = view_signature(impl->view_params);
     }
     if (opts.overlap && impl->size > 1)
-        impl->overlap = std::make_unique<Overlap>(impl->packed, comm, impl->size);
+        impl->overlap = std::make_unique<Overlap>(impl->packed, comm, impl->size, opts.quiet_wait,
+                                                  opts.bucket_cap_bytes);
     return impl;
 }
 }  // namespace
@@ -1055,6 +1114,11 @@ GradAverager::GradAverager(const std::vector<torch::Tensor>& params, const AvgGr
 GradAverager::~GradAverager() = default;
 GradAverager::GradAverager(GradAverager&&) noexcept = default;
 GradAverager& GradAverager::operator=(GradAverager&&) noexcept = default;
+
+std::vector<std::vector<std::size_t>> GradAverager::bucket_plan() const {
+    if (!impl_ || !impl_->overlap) return {};
+    return impl_->overlap->plan();
+}
 
 std::size_t GradAverager::size() const {
     return impl_ ? impl_->view_params.size() + impl_->packed.entries.size() : 0;

@@ -4,6 +4,8 @@
 // exchanges across nodes (group, pair, leaders) the other paths use.
 #include "algorithms.hpp"
 
+#include "core/backend.hpp"
+
 #include <mpiml/error.hpp>
 
 #include <cstring>
@@ -86,7 +88,7 @@ void pair_allreduce(ShmContext& c, char* buf, std::size_t m, const Kernel& k, in
     };
     for (std::size_t i = 0; i < std::min<std::size_t>(pieces, kPeerDepth); ++i) post(i);
     for (std::size_t i = 0; i < pieces; ++i) {
-        check_mpi(MPI_Waitall(2, req[i % kPeerDepth], MPI_STATUSES_IGNORE), call);
+        wait_all(2, req[i % kPeerDepth], call);
         const std::size_t n = std::min(per, m - i * per);
         char* mine = buf + i * per * ts;
         const char* ins[2];
@@ -147,7 +149,7 @@ void run_allreduce_peers(ShmContext& c, const char* send, char* recv, std::size_
         if (fold) {
             char* shared = mine + slj.off(me) * ts;
             if (pair) {
-                check_mpi(MPI_Waitall(2, e.req, MPI_STATUSES_IGNORE), call);
+                wait_all(2, e.req, call);
                 const char* ins[2];
                 ins[c.peer_rank] = e.out;
                 ins[other] = e.got;
