@@ -618,7 +618,7 @@ void run_direct(GradEntry& e, const Bucket& b, std::byte* buf, MPI_Comm comm, in
 /// A fused bucket: its gradients packed at base, one defined-flag per entry
 /// after them (and, in the carrier bucket, the direct buckets' flags), one
 /// allreduce, unpacked where some rank had a gradient.
-void run_fused(GradState& st, const Bucket& b, std::byte* base, bool shared, MPI_Comm comm,
+void run_fused(GradState& st, const Bucket& b, std::byte* base, MPI_Comm comm,
                int size, const char* call, Deferred& defer) {
     const std::size_t es = b.wire.size;
     const auto& direct_entry = [&](std::size_t d) -> GradEntry& {
@@ -677,7 +677,7 @@ void run_packed(GradState& st, MPI_Comm comm, int size, const char* call) {
     Deferred defer;
     for (const Bucket& b : st.buckets) {
         if (b.direct) run_direct(st.entries[st.order[b.first]], b, buf, comm, size, call, defer);
-        else run_fused(st, b, fused ? fused : buf, fused != nullptr, comm, size, call, defer);
+        else run_fused(st, b, fused ? fused : buf, comm, size, call, defer);
     }
     const bool any_fused = st.buckets.size() > st.direct.size();
     if (!any_fused && !st.direct.empty()) {  // direct flags on their own
@@ -997,7 +997,7 @@ private:
             e.defined_here = e.param.grad().defined();
         }
         std::byte* base = segment_ ? segment_ : static_cast<std::byte*>(st_.scratch.get(st_.largest));
-        run_fused(st_, bk, base, segment_ != nullptr, comm_, size_, kAveragerCall, defer_);
+        run_fused(st_, bk, base, comm_, size_, kAveragerCall, defer_);
     }
 
     GradState& st_;
