@@ -12,6 +12,8 @@
 // backward(). Each figure: the median over steps of the
 // slowest rank's time. The last line says whether the copies' parameters
 // are bit-identical after the run (they must be).
+#include "bench_common.hpp"
+
 #include <mpiml/mpiml.hpp>
 #include <mpiml/torch.hpp>
 
@@ -49,12 +51,6 @@ torch::nn::Sequential mlp(int layers, int width) {
 
 double now() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double slowest(double t) {
-    double m = t;
-    MPI_Allreduce(&t, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    return m;
 }
 
 double median(std::vector<double> v) {
@@ -105,7 +101,7 @@ int main(int argc, char** argv) {
             const double t2 = now();
             opt.step();
             const double t3 = now();
-            const double total = slowest(t3 - t0), avg_t = slowest(t2 - t1);
+            const double total = bench::max_over_ranks(t3 - t0), avg_t = bench::max_over_ranks(t2 - t1);
             if (step >= 0) {
                 out.push_back(total);
                 if (avg_only) avg_only->push_back(avg_t);

@@ -6,15 +6,17 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 int main(int argc, char** argv) {
-    if (argc < 2 || argc > 3 || std::atoi(argv[1]) <= 0) {
-        std::fprintf(stderr,
+    const bool help = argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0);
+    if (help || argc < 2 || argc > 3 || std::atoi(argv[1]) <= 0) {
+        std::fprintf(help ? stdout : stderr,
                      "usage: mpiml-report PID [reason]\n"
                      "  prints where every rank of the job is (host, pid, collective, last\n"
                      "  collectives, stacks); PID is the launcher or any rank of the job\n");
-        return 2;
+        return help ? 0 : 2;
     }
     try {
         const std::string text = mpiml::detail::request_report_of(
