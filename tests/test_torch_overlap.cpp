@@ -2,9 +2,10 @@
 // 1/n of the batch each equal one process on the whole batch, and bit for bit
 // the averaging after backward(), with a parameter no rank uses, one only
 // rank 0 uses, a parameter used twice and registered twice, two dtypes and
-// gradient accumulation under no_sync(), also on MPI's path (the
-// communication thread's ring); the plan rebuilt from the backward order;
-// failures on the communication thread surface at the call.
+// gradient accumulation under no_sync(), also on MPI's path (every element
+// summed in rank order, with overlap and without, as on shared memory); the
+// plan rebuilt from the backward order; failures on the communication thread
+// surface at the call.
 #include <mpiml/mpiml.hpp>
 #include <mpiml/torch.hpp>
 
@@ -16,6 +17,8 @@
 #include <torch/optim/adam.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <string>
 #include <unordered_set>
@@ -89,33 +92,23 @@ torch::Tensor micro_loss(Net& net, const torch::Tensor& x, const torch::Tensor& 
     return torch::nn::functional::mse_loss(net(x, use_only0), y) / micro;
 }
 
-/// Gradients equal within float rounding (sums in another order).
-void expect_close(const Net& a, const Net& b, int step) {
-    const auto pa = unique_params(a), pb = unique_params(b);
-    ASSERT_EQ(pa.size(), pb.size());
-    for (std::size_t i = 0; i < pa.size(); ++i) {
-        ASSERT_EQ(pa[i].grad().defined(), pb[i].grad().defined()) << "#" << i << " step " << step;
-        if (pa[i].grad().defined())
-            EXPECT_TRUE(pa[i].grad().allclose(pb[i].grad(), 1e-5, 1e-7)) << "gradient #" << i << " step " << step;
+/// Shared memory off (every collective on MPI's path) while alive, if off.
+struct ShmOff {
+    mpiml::shm::Mode was = mpiml::shm::config().mode;
+    explicit ShmOff(bool off) {
+        if (off) mpiml::shm::set_mode(mpiml::shm::Mode::off);
     }
-}
+    ~ShmOff() { mpiml::shm::set_mode(was); }
+};
 
 /// Trains three copies of the net for a few steps: with overlap, with the
 /// averaging after backward(), and one process on every shard. mpi_path:
-/// every bucket takes MPI's path (as with one rank a host), where the
-/// communication thread's ring sums in its own order: bit for bit the
-/// averaging after backward() with 2 ranks, within rounding with more.
-void train(std::size_t cap, int micro, bool mpi_path = false) {
+/// every bucket takes MPI's path (as with one rank a host); quiet: the
+/// overlap's waits (else MPI's own).
+void train(std::size_t cap, int micro, bool mpi_path = false, bool quiet = true) {
     constexpr int batch = 12, steps = 6;
     const int n = size(), r = rank();
-    struct Mode {
-        mpiml::shm::Mode was = mpiml::shm::config().mode;
-        explicit Mode(bool off) {
-            if (off) mpiml::shm::set_mode(mpiml::shm::Mode::off);
-        }
-        ~Mode() { mpiml::shm::set_mode(was); }
-    } mode(mpi_path);
-    const bool bitwise = !mpi_path || n == 2;
+    const ShmOff mode(mpi_path);
     const int per = batch / n, part = per / micro;
     ASSERT_EQ(per % micro, 0);
     torch::manual_seed(99);
@@ -126,6 +119,7 @@ void train(std::size_t cap, int micro, bool mpi_path = false) {
     o.bucket_cap_bytes = cap;
     mpiml::GradAverager plain_avg(plain, o);
     o.overlap = true;
+    o.quiet_wait = quiet;
     mpiml::GradAverager over_avg(over, o);
     EXPECT_EQ(over_avg.size(), plain_avg.size());
     torch::optim::Adam over_opt(unique_params(over), torch::optim::AdamOptions(1e-2));
@@ -148,8 +142,7 @@ void train(std::size_t cap, int micro, bool mpi_path = false) {
         }
         over_avg();
         plain_avg();
-        if (bitwise) expect_identical(over, plain, step);
-        else expect_close(over, plain, step);
+        expect_identical(over, plain, step);
         EXPECT_FALSE(over->never->weight.grad().defined()) << "no rank had a gradient";
         EXPECT_TRUE(over->only0->weight.grad().defined()) << "rank 0 had one";
         over_opt.step();
@@ -164,7 +157,7 @@ void train(std::size_t cap, int micro, bool mpi_path = false) {
             }
         ref_opt.step();
     }
-    if (bitwise) expect_identical(over, plain, steps);
+    expect_identical(over, plain, steps);
     const double diff = max_abs_diff(over, ref);
     EXPECT_LT(diff, 1e-5) << "ranks " << n;
     if (r == 0) std::printf("  max |overlap - one process| = %.3g\n", diff);
@@ -175,8 +168,59 @@ TEST(TorchOverlap, EqualsOneProcessOneBucket) { train(25u << 20, 1); }
 TEST(TorchOverlap, EqualsOneProcessBucketPerTensor) { train(64, 1); }
 TEST(TorchOverlap, EqualsOneProcessSmallBuckets) { train(1024, 1); }
 TEST(TorchOverlap, GradientAccumulationUnderNoSync) { train(1024, 2); }
-TEST(TorchOverlap, RingOnMpiPathOneBucket) { train(25u << 20, 1, true); }
-TEST(TorchOverlap, RingOnMpiPathSmallBuckets) { train(1024, 2, true); }
+TEST(TorchOverlap, MpiPathOneBucket) { train(25u << 20, 1, true); }
+TEST(TorchOverlap, MpiPathBucketPerTensor) { train(64, 1, true); }  // some smaller than the ranks
+TEST(TorchOverlap, MpiPathSmallBucketsAccumulated) { train(1024, 2, true); }
+TEST(TorchOverlap, MpiPathMpisOwnWaits) { train(1024, 1, true, false); }
+
+/// Rank r's gradient is 1 at elements i with i % n == r, 2^-24 elsewhere.
+/// In float a sum of 1 and two 2^-24 is 1 + 2^-23 when the two tiny ones are
+/// added first, else 1: with 3 ranks every order but rank order,
+/// ((x0 + x1) + x2), gives other bits at some element.
+void expect_rank_order(bool overlap, bool mpi_path, std::size_t cap) {
+    const int n = size(), r = rank();
+    const ShmOff mode(mpi_path);
+    const float tiny = std::ldexp(1.0f, -24);
+    auto value = [&](int q, std::int64_t i) { return i % n == q ? 1.0f : tiny; };
+    std::vector<torch::Tensor> ps;
+    for (std::int64_t len : {1, 2, 500, 7, 3001}) ps.push_back(torch::zeros({len}).requires_grad_());
+    mpiml::AvgGradsOptions o;
+    o.bucket_cap_bytes = cap;
+    o.overlap = overlap;
+    mpiml::GradAverager avg(ps, o);
+    for (int step = 0; step < 2; ++step) {
+        for (auto& p : ps) {
+            p.mutable_grad() = torch::Tensor();
+            auto c = torch::empty({p.numel()});
+            for (std::int64_t i = 0; i < p.numel(); ++i) c[i] = value(r, i);
+            (p * c).sum().backward();
+        }
+        avg();
+        std::size_t wrong = 0;
+        for (auto& p : ps) {
+            const auto g = p.grad().contiguous();
+            const float* got = g.data_ptr<float>();
+            for (std::int64_t i = 0; i < p.numel(); ++i) {
+                float sum = value(0, i);
+                for (int q = 1; q < n; ++q) sum += value(q, i);
+                const float want = sum * (1.0f / static_cast<float>(n));
+                if (std::memcmp(&got[i], &want, sizeof want) != 0) ++wrong;
+            }
+        }
+        EXPECT_EQ(wrong, 0u) << "elements not summed in rank order, step " << step;
+    }
+}
+
+TEST(TorchOverlap, RankOrderSharedMemory) {
+    expect_rank_order(false, false, 1024);
+    expect_rank_order(true, false, 1024);
+}
+TEST(TorchOverlap, RankOrderMpiPath) {
+    expect_rank_order(false, true, 25u << 20);
+    expect_rank_order(false, true, 1024);
+    expect_rank_order(true, true, 25u << 20);
+    expect_rank_order(true, true, 64);
+}
 
 /// Layers registered in the opposite order of their use: backward() finishes
 /// their gradients in parameter order, not in the reverse order planned.

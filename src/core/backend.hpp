@@ -31,8 +31,15 @@ bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, i
 /// Quiet waits on the calling thread (GradAverager's communication thread):
 /// while on, waits test the requests with a growing sleep in between
 /// instead of MPI's polling wait, so the core goes to the computation, and a
-/// sum allreduce on MPI is a ring of nonblocking sends waited so.
+/// sum allreduce on MPI is summed in rank order (as set_ordered_sums) by
+/// nonblocking sends waited so.
 void set_quiet_waits(bool on);
+/// Rank-order sums on the calling thread (GradAverager's averaging): while
+/// on, an in-place sum allreduce on MPI of a floating or complex type over 3
+/// ranks or more sums every element as ((x0 + x1) + x2) + ..., whatever the
+/// count, as the shared-memory path on one node does, instead of MPI's
+/// order. Returns the previous setting.
+bool set_ordered_sums(bool on);
 /// MPI_Waitall, or a quiet wait when the thread asked for one.
 void wait_all(int n, MPI_Request* req, const char* call);
 void mpi_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type,

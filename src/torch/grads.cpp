@@ -800,6 +800,17 @@ void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opt
 
 constexpr const char* kAveragerCall = "mpiml::GradAverager";
 
+/// GradAverager's sums in rank order on MPI's path too (the shared-memory
+/// path on one node sums so), whatever the buckets: the same bits with
+/// overlap as without.
+struct OrderedSums {
+    bool was = detail::set_ordered_sums(true);
+    ~OrderedSums() { detail::set_ordered_sums(was); }
+    OrderedSums() = default;
+    OrderedSums(const OrderedSums&) = delete;
+    OrderedSums& operator=(const OrderedSums&) = delete;
+};
+
 /// GradAverager's averaging while backward() runs. A post-hook on each
 /// parameter's gradient accumulator counts its bucket down; the communication
 /// thread runs the buckets strictly in plan order, so every rank issues the
@@ -964,6 +975,7 @@ private:
     void loop() {
         torch::NoGradGuard no_grad;
         detail::set_quiet_waits(quiet_);
+        const OrderedSums ordered;
         const detail::SiteMark site(site_);  // the construction's call site
         std::unique_lock lk(m_);
         for (;;) {
@@ -1130,6 +1142,7 @@ void GradAverager::operator()(std::source_location loc) {
     auto& im = *impl_;
     if (im.size == 1) return;
     if (im.overlap) return im.overlap->finish(kAveragerCall);
+    const OrderedSums ordered;
     std::exception_ptr deferred;
     if (!im.views.buckets.empty()) {
         try {

@@ -11,10 +11,12 @@
 #include <chrono>
 #include <climits>
 #include <complex>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace mpiml::detail {
@@ -24,6 +26,7 @@ constexpr std::size_t max_chunk = std::size_t{1} << 30;  // elements per MPI cal
 // ------------------------------------------------------------- quiet waits
 
 thread_local bool quiet = false;
+thread_local bool ordered = false;
 
 // The sleeps between two tests: short at first (a message about to complete
 // costs little), doubling up to a limit short enough that the TCP transport,
@@ -42,90 +45,112 @@ void quiet_wait(int n, MPI_Request* req, const char* call) {
     }
 }
 
-// The ring's messages travel on a duplicate of the user's communicator
-// (cached as its attribute), never mixed with the user's own. The mutex
-// guards the cache against several averagers' threads (MPI_THREAD_MULTIPLE);
-// neither is destroyed: the duplicates are freed inside MPI_Finalize, which
-// may run from atexit.
-std::mutex& ring_mutex() {
+// GradAverager's sums travel on a duplicate of the user's communicator
+// (cached as its attribute), never mixed with the user's own messages. The
+// mutex guards the cache against several averagers' threads
+// (MPI_THREAD_MULTIPLE); neither is destroyed: the duplicates are freed
+// inside MPI_Finalize, which may run from atexit.
+std::mutex& own_mutex() {
     static auto* m = new std::mutex;
     return *m;
 }
-int ring_keyval = MPI_KEYVAL_INVALID;
-std::vector<MPI_Comm*>& ring_comms() {
+int own_keyval = MPI_KEYVAL_INVALID;
+std::vector<MPI_Comm*>& own_comms() {
     static auto* v = new std::vector<MPI_Comm*>;
     return *v;
 }
 
-void free_ring_comm(MPI_Comm* d) {
+void free_own_comm(MPI_Comm* d) {
     if (*d != MPI_COMM_NULL) MPI_Comm_free(d);
-    auto& v = ring_comms();
+    auto& v = own_comms();
     v.erase(std::remove(v.begin(), v.end(), d), v.end());
     delete d;
 }
 
-int delete_ring_comm(MPI_Comm, int, void* value, void*) {
-    std::lock_guard lock(ring_mutex());
-    free_ring_comm(static_cast<MPI_Comm*>(value));
+int delete_own_comm(MPI_Comm, int, void* value, void*) {
+    std::lock_guard lock(own_mutex());
+    free_own_comm(static_cast<MPI_Comm*>(value));
     return MPI_SUCCESS;
 }
 
-void finalize_ring_comms() {  // before MPI_COMM_WORLD's attributes go
-    std::lock_guard lock(ring_mutex());
-    for (MPI_Comm* d : ring_comms())
+void finalize_own_comms() {  // before MPI_COMM_WORLD's attributes go
+    std::lock_guard lock(own_mutex());
+    for (MPI_Comm* d : own_comms())
         if (*d != MPI_COMM_NULL) MPI_Comm_free(d);
 }
 
 // Collective the first time on comm.
-MPI_Comm ring_comm(MPI_Comm comm, const char* call) {
-    std::lock_guard lock(ring_mutex());
-    if (ring_keyval == MPI_KEYVAL_INVALID) {
-        check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_ring_comm, &ring_keyval, nullptr),
+MPI_Comm own_comm(MPI_Comm comm, const char* call) {
+    std::lock_guard lock(own_mutex());
+    if (own_keyval == MPI_KEYVAL_INVALID) {
+        check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_own_comm, &own_keyval, nullptr),
                   call);
-        register_finalize_hook(&finalize_ring_comms);
+        register_finalize_hook(&finalize_own_comms);
     }
     void* v = nullptr;
     int flag = 0;
-    check_mpi(MPI_Comm_get_attr(comm, ring_keyval, &v, &flag), call);
+    check_mpi(MPI_Comm_get_attr(comm, own_keyval, &v, &flag), call);
     if (flag) return *static_cast<MPI_Comm*>(v);
     auto* d = new MPI_Comm(MPI_COMM_NULL);
     const int rc = MPI_Comm_dup(comm, d);
     if (rc != MPI_SUCCESS) delete d;
     check_mpi(rc, call);
-    ring_comms().push_back(d);
-    check_mpi(MPI_Comm_set_attr(comm, ring_keyval, d), call);
+    own_comms().push_back(d);
+    check_mpi(MPI_Comm_set_attr(comm, own_keyval, d), call);
     return *d;
 }
 
-// In place, n elements at buf over the ranks of comm: a reduce-scatter, then
-// an allgather, each step one nonblocking exchange with the ring neighbours
-// waited quietly (one message each way at a time, as MPI's own ring). Every
-// slice is reduced by one rank and copied to the others, so all ranks get
-// the same bits; with 2 ranks the same bits as MPI_Allreduce (a + b).
-void ring_allreduce(char* buf, int n, MPI_Datatype type, int tsize, MPI_Op op, MPI_Comm comm,
-                    int p, const char* call) {
-    const MPI_Comm rc = ring_comm(comm, call);
+// Bytes of buf reduced per round of ordered_allreduce (bounds its scratch).
+constexpr std::size_t kOrderedPiece = std::size_t{32} << 20;
+
+// In place, count elements at buf over the p ranks of comm, every element
+// summed in rank order, ((x0 + x1) + x2) + ..., however the buffer is cut:
+// in pieces of kOrderedPiece bytes, rank q owns slice q of a piece, gets the
+// other ranks' parts of it (reduce-scatter), sums them in rank order and
+// sends the sum to every rank (allgather); all messages of a round in
+// flight at once, waited by wait_all (quietly when the thread asked). The
+// data moved is a ring's: 2 (p - 1) / p of the buffer each way per rank.
+void ordered_allreduce(char* buf, std::size_t count, MPI_Datatype type, std::size_t tsize,
+                       MPI_Op op, MPI_Comm comm, int p, const char* call) {
+    const MPI_Comm oc = own_comm(comm, call);
     int r = 0;
-    check_mpi(MPI_Comm_rank(rc, &r), call);
-    const int right = (r + 1) % p, left = (r + p - 1) % p;
-    const auto off = [&](int q) { return static_cast<std::size_t>(n) * static_cast<std::size_t>(q) / p; };
-    const auto len = [&](int q) { return static_cast<int>(off(q + 1) - off(q)); };
-    thread_local std::vector<char> got;
-    got.resize((static_cast<std::size_t>(n) / p + 1) * tsize);
-    auto exchange = [&](int out, char* in, int in_slice) {
-        MPI_Request req[2];
-        check_mpi(MPI_Irecv(in, len(in_slice), type, left, 0, rc, &req[0]), call);
-        check_mpi(MPI_Isend(buf + off(out) * tsize, len(out), type, right, 0, rc, &req[1]), call);
-        quiet_wait(2, req, call);
-    };
-    for (int k = 0; k < p - 1; ++k) {  // slice r - k out, r - k - 1 in and reduced
-        const int in = (r - k - 1 + 2 * p) % p;
-        exchange((r - k + p) % p, got.data(), in);
-        check_mpi(MPI_Reduce_local(got.data(), buf + off(in) * tsize, len(in), type, op), call);
-    }
-    for (int k = 0; k < p - 1; ++k) {  // rank r holds slice r + 1 reduced; pass them on
-        const int in = (r - k + p) % p;
-        exchange((r + 1 - k + p) % p, buf + off(in) * tsize, in);
+    check_mpi(MPI_Comm_rank(oc, &r), call);
+    const std::size_t per = std::max<std::size_t>(kOrderedPiece / tsize, static_cast<std::size_t>(p));
+    thread_local std::vector<char> got;   // slot q: rank q's part of this rank's slice
+    thread_local std::vector<MPI_Request> req;
+    for (std::size_t done = 0; done < count; done += per) {
+        const std::size_t m = std::min(per, count - done);
+        char* b = buf + done * tsize;
+        const auto off = [&](int q) { return m * static_cast<std::size_t>(q) / static_cast<std::size_t>(p); };
+        const auto len = [&](int q) { return off(q + 1) - off(q); };
+        const std::size_t mine = len(r), slot = (m / p + 1) * tsize;
+        got.resize(slot * p);
+        char* my = b + off(r) * tsize;
+        auto round = [&](int tag, auto&& in, auto&& out) {  // empty slices send nothing
+            req.clear();
+            for (int q = 0; q < p; ++q) {
+                if (q == r) continue;
+                const auto [ip, in_n] = in(q);
+                const auto [out_p, out_n] = out(q);
+                if (in_n > 0)
+                    check_mpi(MPI_Irecv(ip, static_cast<int>(in_n), type, q, tag, oc, &req.emplace_back()), call);
+                if (out_n > 0)
+                    check_mpi(MPI_Isend(out_p, static_cast<int>(out_n), type, q, tag, oc, &req.emplace_back()), call);
+            }
+            wait_all(static_cast<int>(req.size()), req.data(), call);
+        };
+        round(1, [&](int q) { return std::pair{got.data() + q * slot, mine}; },
+              [&](int q) { return std::pair{b + off(q) * tsize, len(q)}; });
+        if (mine > 0) {
+            if (r != 0) {  // this rank's part to its slot, rank 0's in its place
+                std::memcpy(got.data() + r * slot, my, mine * tsize);
+                std::memcpy(my, got.data(), mine * tsize);
+            }
+            for (int q = 1; q < p; ++q)  // my = x_q + my: the same bits as my + x_q
+                check_mpi(MPI_Reduce_local(got.data() + q * slot, my, static_cast<int>(mine), type, op), call);
+        }
+        round(2, [&](int q) { return std::pair{b + off(q) * tsize, len(q)}; },
+              [&](int) { return std::pair{my, mine}; });
     }
 }
 bool inter_comm(MPI_Comm comm) {
@@ -136,6 +161,8 @@ bool inter_comm(MPI_Comm comm) {
 
 void set_quiet_waits(bool on) { quiet = on; }
 
+bool set_ordered_sums(bool on) { return std::exchange(ordered, on); }
+
 void wait_all(int n, MPI_Request* req, const char* call) {
     if (quiet) return quiet_wait(n, req, call);
     check_mpi(MPI_Waitall(n, req, MPI_STATUSES_IGNORE), call);
@@ -144,21 +171,25 @@ void wait_all(int n, MPI_Request* req, const char* call) {
 void mpi_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type,
                    int tsize, const ReduceOp& op, MPI_Comm comm, const char* call) {
     const MPI_Op native = mpi_op_for(type, op);
-    int size = 1;
-    if (quiet) check_mpi(MPI_Comm_size(comm, &size), call);
-    // Quiet: sums in place on an intra-communicator (the averaging of gradients).
-    const bool ring = quiet && size > 1 && send == MPI_IN_PLACE && op.known() == Op::sum &&
-                      !inter_comm(comm);
+    if ((quiet || ordered) && send == MPI_IN_PLACE && op.known() == Op::sum && count > 0) {
+        int size = 1;
+        check_mpi(MPI_Comm_size(comm, &size), call);
+        // GradAverager's sums in place: in rank order where the order changes
+        // the bits (floating types, 3 ranks or more); always when waited quietly.
+        const TypeInfo* info = find_type(type);
+        const bool order_matters = info && (info->cls == TypeClass::floating ||
+                                            info->cls == TypeClass::complex);
+        if ((quiet ? size > 1 : size > 2 && order_matters) && !inter_comm(comm))
+            return ordered_allreduce(static_cast<char*>(recv), count, type,
+                                     static_cast<std::size_t>(tsize), native, comm, size, call);
+    }
     std::size_t done = 0;
     do {
         const std::size_t n = std::min(count - done, max_chunk);
         const void* s = send == MPI_IN_PLACE ? MPI_IN_PLACE
                                              : static_cast<const char*>(send) + done * tsize;
         void* r = static_cast<char*>(recv) + done * tsize;
-        if (ring && n >= static_cast<std::size_t>(size))
-            ring_allreduce(static_cast<char*>(r), static_cast<int>(n), type, tsize, native, comm, size, call);
-        else
-            check_mpi(MPI_Allreduce(s, r, static_cast<int>(n), type, native, comm), call);
+        check_mpi(MPI_Allreduce(s, r, static_cast<int>(n), type, native, comm), call);
         done += n;
     } while (done < count);
 }
