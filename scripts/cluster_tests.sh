@@ -57,6 +57,8 @@ binary_case() {
   t0=$(date +%s.%N)
   # test_shm: the integer types and > 64 MiB stay on the one-host runs (time)
   [ "$t" = test_shm ] && filter=(--gtest_filter='-ShmAllreduce.*Int*:ShmAllreduce.*Short:ShmAllreduce.*Long*:ShmAllreduce.Above64MiB')
+  # test_torch_overlap: the equivalence cases (with and without overlap, bit for bit)
+  [ "$t" = test_torch_overlap ] && filter=(--gtest_filter='TorchOverlap.Equals*:TorchOverlap.Gradient*:TorchOverlap.MpiPath*:TorchOverlap.FixedOrder*')
   timeout 400 "$cl" run -np "$np" --host "$layout" "$build/tests/$t" "${filter[@]}" > "$log/$name.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] && [ "$(grep -c 'PASSED' "$log/$name.log")" -ge "$np" ] || rc=1
@@ -242,12 +244,15 @@ fi
 
 # 3 hosts: the per-node-rank exchange among 3 nodes (a reduce-scatter and an
 # allgather per chunk, not the 2-node pairwise one) and the leader path of
-# nodes of unequal size, each against its one-host simulation bit for bit.
+# nodes of unequal size, each against its one-host simulation bit for bit;
+# GradAverager with overlap and without, bit for bit, on MPI's path.
 echo "-- 3 hosts (h1 h2 h3)"
-if ! picked "test_core.h1_1_h2_1_h3_1 test_shm.h1_1_h2_1_h3_1 hash3.np3 hash3.np5"; then
+if ! picked "test_core.h1_1_h2_1_h3_1 test_shm.h1_1_h2_1_h3_1 test_torch_overlap.h1_1_h2_1_h3_1 hash3.np3 hash3.np5"; then
   :
 elif "$cl" down > /dev/null 2>&1; hosts=3; "$cl" up $hosts > "$log/up3.log" 2>&1; then
-  for t in test_core test_shm; do binary_case $t h1:1,h2:1,h3:1; done
+  for t in test_core test_shm test_torch_overlap; do
+    [ -x "$build/tests/$t" ] && binary_case $t h1:1,h2:1,h3:1
+  done
   hash_case hash3.np3 1 h1:1,h2:1,h3:1 3 3
   hash_case hash3.np5 2 h1:2,h2:2,h3:1 5 3
 else

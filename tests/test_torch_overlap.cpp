@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <cstdio>
 #include <string>
@@ -110,7 +111,7 @@ struct ShmOff {
 /// every bucket takes MPI's path (as with one rank a host); quiet: the
 /// overlap's waits (else MPI's own).
 void train(std::size_t cap, int micro, bool mpi_path = false, bool quiet = true) {
-    constexpr int batch = 12, steps = 6;
+    constexpr int batch = 24, steps = 6;
     const int n = size(), r = rank();
     const ShmOff mode(mpi_path);
     const int per = batch / n, part = per / micro;
@@ -177,15 +178,51 @@ TEST(TorchOverlap, MpiPathBucketPerTensor) { train(64, 1, true); }  // some smal
 TEST(TorchOverlap, MpiPathSmallBucketsAccumulated) { train(1024, 2, true); }
 TEST(TorchOverlap, MpiPathMpisOwnWaits) { train(1024, 1, true, false); }
 
+/// Each rank's node, numbered by the node's lowest rank, as mpiml groups
+/// them (MPIML_NODE_SPLIT=K: K ranks a simulated node).
+std::vector<int> node_numbers() {
+    MPI_Comm host = MPI_COMM_NULL, node = MPI_COMM_NULL;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &host);
+    const char* k = std::getenv("MPIML_NODE_SPLIT");
+    MPI_Comm_split(host, k && std::atoi(k) > 0 ? rank() / std::atoi(k) : 0, rank(), &node);
+    int lowest = rank();
+    MPI_Allreduce(MPI_IN_PLACE, &lowest, 1, MPI_INT, MPI_MIN, node);
+    MPI_Comm_free(&node);
+    MPI_Comm_free(&host);
+    std::vector<int> all(static_cast<std::size_t>(size()));
+    MPI_Allgather(&lowest, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    std::vector<int> lows = all;
+    std::sort(lows.begin(), lows.end());
+    lows.erase(std::unique(lows.begin(), lows.end()), lows.end());
+    for (int& a : all) a = static_cast<int>(std::find(lows.begin(), lows.end(), a) - lows.begin());
+    return all;
+}
+
 /// Rank r's gradient is 1 at elements i with i % n == r, 2^-24 elsewhere.
 /// In float a sum of 1 and two 2^-24 is 1 + 2^-23 when the two tiny ones are
-/// added first, else 1: with 3 ranks every order but rank order,
-/// ((x0 + x1) + x2), gives other bits at some element.
-void expect_rank_order(bool overlap, bool mpi_path, std::size_t cap) {
+/// added first, else 1: with 3 ranks every order but rank order gives other
+/// bits at some element. The order expected: each node's ranks in rank
+/// order, then the nodes' sums in node order, as on shared memory.
+void expect_fixed_order(bool overlap, bool mpi_path, std::size_t cap) {
     const int n = size(), r = rank();
     const ShmOff mode(mpi_path);
     const float tiny = std::ldexp(1.0f, -24);
     auto value = [&](int q, std::int64_t i) { return i % n == q ? 1.0f : tiny; };
+    const std::vector<int> node = node_numbers();
+    auto expected = [&](std::int64_t i) {
+        float total = 0;
+        for (int k = 0; k <= *std::max_element(node.begin(), node.end()); ++k) {
+            float sum = 0;
+            bool first = true;
+            for (int q = 0; q < n; ++q)
+                if (node[q] == k) {
+                    sum = first ? value(q, i) : sum + value(q, i);
+                    first = false;
+                }
+            total = k == 0 ? sum : total + sum;
+        }
+        return total * (1.0f / static_cast<float>(n));
+    };
     std::vector<torch::Tensor> ps;
     for (std::int64_t len : {1, 2, 500, 7, 10000}) ps.push_back(torch::zeros({len}).requires_grad_());
     mpiml::AvgGradsOptions o;
@@ -205,25 +242,25 @@ void expect_rank_order(bool overlap, bool mpi_path, std::size_t cap) {
             const auto g = p.grad().contiguous();
             const float* got = g.data_ptr<float>();
             for (std::int64_t i = 0; i < p.numel(); ++i) {
-                float sum = value(0, i);
-                for (int q = 1; q < n; ++q) sum += value(q, i);
-                const float want = sum * (1.0f / static_cast<float>(n));
+                const float want = expected(i);
                 if (std::memcmp(&got[i], &want, sizeof want) != 0) ++wrong;
             }
         }
-        EXPECT_EQ(wrong, 0u) << "elements not summed in rank order, step " << step;
+        EXPECT_EQ(wrong, 0u) << "elements not summed in the fixed order, step " << step;
     }
 }
 
-TEST(TorchOverlap, RankOrderSharedMemory) {
-    expect_rank_order(false, false, 1024);
-    expect_rank_order(true, false, 1024);
+TEST(TorchOverlap, FixedOrderSharedMemory) {
+    expect_fixed_order(false, false, 25u << 20);
+    expect_fixed_order(false, false, 1024);
+    expect_fixed_order(true, false, 25u << 20);
+    expect_fixed_order(true, false, 64);
 }
-TEST(TorchOverlap, RankOrderMpiPath) {
-    expect_rank_order(false, true, 25u << 20);
-    expect_rank_order(false, true, 1024);
-    expect_rank_order(true, true, 25u << 20);
-    expect_rank_order(true, true, 64);
+TEST(TorchOverlap, FixedOrderMpiPath) {
+    expect_fixed_order(false, true, 25u << 20);
+    expect_fixed_order(false, true, 1024);
+    expect_fixed_order(true, true, 25u << 20);
+    expect_fixed_order(true, true, 64);
 }
 
 /// Layers registered in the opposite order of their use: backward() finishes

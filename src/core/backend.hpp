@@ -8,6 +8,7 @@
 #include <mpiml/op.hpp>
 
 #include <cstddef>
+#include <vector>
 
 namespace mpiml::detail {
 
@@ -23,6 +24,10 @@ bool shm_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype
 /// memory of a SharedBucket on comm (floating or complex types).
 bool shm_average(void* buf, std::size_t count, MPI_Datatype type, MPI_Comm comm,
                  const char* call);
+/// Each rank's node, numbered in node order (by the node's lowest rank), as
+/// the shared-memory path groups the ranks of comm (MPIML_NODE_SPLIT: its
+/// simulated nodes). Collective.
+std::vector<int> node_numbers(MPI_Comm comm, const char* call);
 /// An in-place broadcast (tsize: the type's size).
 bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, int root,
                    MPI_Comm comm, const char* call);
@@ -31,14 +36,15 @@ bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, i
 /// Quiet waits on the calling thread (GradAverager's communication thread):
 /// while on, waits test the requests with a growing sleep in between
 /// instead of MPI's polling wait, so the core goes to the computation, and a
-/// sum allreduce on MPI is summed in rank order (as set_ordered_sums) by
+/// sum allreduce on MPI is summed in order (as set_ordered_sums) by
 /// nonblocking sends waited so.
 void set_quiet_waits(bool on);
-/// Rank-order sums on the calling thread (GradAverager's averaging): while
-/// on, an in-place sum allreduce on MPI of a floating or complex type over 3
-/// ranks or more sums every element as ((x0 + x1) + x2) + ..., whatever the
-/// count, as the shared-memory path on one node does, instead of MPI's
-/// order. Returns the previous setting.
+/// Sums in the shared-memory path's order on the calling thread
+/// (GradAverager's averaging): while on, an in-place sum allreduce on MPI of
+/// a floating or complex type over 3 ranks or more sums every element as
+/// that path does, whatever the count: each node's ranks in rank order, then
+/// the nodes' sums in node order (one node, or one rank a node: ((x0 + x1) +
+/// x2) + ...), instead of in MPI's order. Returns the previous setting.
 bool set_ordered_sums(bool on);
 /// MPI_Waitall, or a quiet wait when the thread asked for one.
 void wait_all(int n, MPI_Request* req, const char* call);

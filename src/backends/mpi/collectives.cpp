@@ -12,6 +12,7 @@
 #include <climits>
 #include <complex>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -45,78 +46,90 @@ void quiet_wait(int n, MPI_Request* req, const char* call) {
     }
 }
 
-// GradAverager's sums travel on a duplicate of the user's communicator
-// (cached as its attribute), never mixed with the user's own messages. The
-// mutex guards the cache against several averagers' threads
+// GradAverager's sums travel on a duplicate of the user's communicator,
+// never mixed with the user's own messages; it is cached as the user's
+// communicator's attribute with the ranks of each node, nodes in node order.
+// The mutex guards the cache against several averagers' threads
 // (MPI_THREAD_MULTIPLE); neither is destroyed: the duplicates are freed
 // inside MPI_Finalize, which may run from atexit.
+struct Own {
+    MPI_Comm dup = MPI_COMM_NULL;
+    std::vector<std::vector<int>> nodes;
+};
 std::mutex& own_mutex() {
     static auto* m = new std::mutex;
     return *m;
 }
 int own_keyval = MPI_KEYVAL_INVALID;
-std::vector<MPI_Comm*>& own_comms() {
-    static auto* v = new std::vector<MPI_Comm*>;
+std::vector<Own*>& own_comms() {
+    static auto* v = new std::vector<Own*>;
     return *v;
 }
 
-void free_own_comm(MPI_Comm* d) {
-    if (*d != MPI_COMM_NULL) MPI_Comm_free(d);
-    auto& v = own_comms();
-    v.erase(std::remove(v.begin(), v.end(), d), v.end());
-    delete d;
-}
-
-int delete_own_comm(MPI_Comm, int, void* value, void*) {
+int delete_own(MPI_Comm, int, void* value, void*) {
     std::lock_guard lock(own_mutex());
-    free_own_comm(static_cast<MPI_Comm*>(value));
+    auto* o = static_cast<Own*>(value);
+    if (o->dup != MPI_COMM_NULL) MPI_Comm_free(&o->dup);
+    auto& v = own_comms();
+    v.erase(std::remove(v.begin(), v.end(), o), v.end());
+    delete o;
     return MPI_SUCCESS;
 }
 
 void finalize_own_comms() {  // before MPI_COMM_WORLD's attributes go
     std::lock_guard lock(own_mutex());
-    for (MPI_Comm* d : own_comms())
-        if (*d != MPI_COMM_NULL) MPI_Comm_free(d);
+    for (Own* o : own_comms())
+        if (o->dup != MPI_COMM_NULL) MPI_Comm_free(&o->dup);
 }
 
-// Collective the first time on comm.
-MPI_Comm own_comm(MPI_Comm comm, const char* call) {
-    std::lock_guard lock(own_mutex());
-    if (own_keyval == MPI_KEYVAL_INVALID) {
-        check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_own_comm, &own_keyval, nullptr),
-                  call);
-        register_finalize_hook(&finalize_own_comms);
+// Collective the first time on comm (the collectives outside the lock: the
+// ranks' other threads may be creating theirs on other communicators).
+const Own& own_comm(MPI_Comm comm, const char* call) {
+    {
+        std::lock_guard lock(own_mutex());
+        if (own_keyval == MPI_KEYVAL_INVALID) {
+            check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_own, &own_keyval, nullptr), call);
+            register_finalize_hook(&finalize_own_comms);
+        }
+        void* v = nullptr;
+        int flag = 0;
+        check_mpi(MPI_Comm_get_attr(comm, own_keyval, &v, &flag), call);
+        if (flag) return *static_cast<Own*>(v);
     }
-    void* v = nullptr;
-    int flag = 0;
-    check_mpi(MPI_Comm_get_attr(comm, own_keyval, &v, &flag), call);
-    if (flag) return *static_cast<MPI_Comm*>(v);
-    auto* d = new MPI_Comm(MPI_COMM_NULL);
-    const int rc = MPI_Comm_dup(comm, d);
-    if (rc != MPI_SUCCESS) delete d;
+    auto o = std::make_unique<Own>();
+    const std::vector<int> node = node_numbers(comm, call);
+    for (std::size_t q = 0; q < node.size(); ++q) {
+        if (o->nodes.size() <= static_cast<std::size_t>(node[q])) o->nodes.resize(node[q] + 1);
+        o->nodes[node[q]].push_back(static_cast<int>(q));
+    }
+    check_mpi(MPI_Comm_dup(comm, &o->dup), call);
+    std::lock_guard lock(own_mutex());
+    const int rc = MPI_Comm_set_attr(comm, own_keyval, o.get());
+    if (rc != MPI_SUCCESS) MPI_Comm_free(&o->dup);
     check_mpi(rc, call);
-    own_comms().push_back(d);
-    check_mpi(MPI_Comm_set_attr(comm, own_keyval, d), call);
-    return *d;
+    own_comms().push_back(o.get());
+    return *o.release();
 }
 
 // Bytes of buf reduced per round of ordered_allreduce (bounds its scratch).
 constexpr std::size_t kOrderedPiece = std::size_t{32} << 20;
 
 // In place, count elements at buf over the p ranks of comm, every element
-// summed in rank order, ((x0 + x1) + x2) + ..., however the buffer is cut:
-// in pieces of kOrderedPiece bytes, rank q owns slice q of a piece, gets the
-// other ranks' parts of it (reduce-scatter), sums them in rank order and
-// sends the sum to every rank (allgather); all messages of a round in
-// flight at once, waited by wait_all (quietly when the thread asked). The
-// data moved is a ring's: 2 (p - 1) / p of the buffer each way per rank.
+// summed in the shared-memory path's order however the buffer is cut: in
+// pieces of kOrderedPiece bytes, rank q owns slice q of a piece, gets the
+// other ranks' parts of it (reduce-scatter), sums them (each node's in rank
+// order, then the nodes' sums in node order) and sends the sum to every rank
+// (allgather); all messages of a round in flight at once, waited by wait_all
+// (quietly when the thread asked). The data moved is a ring's: 2 (p - 1) / p
+// of the buffer each way per rank.
 void ordered_allreduce(char* buf, std::size_t count, MPI_Datatype type, std::size_t tsize,
                        MPI_Op op, MPI_Comm comm, int p, const char* call) {
-    const MPI_Comm oc = own_comm(comm, call);
+    const Own& own = own_comm(comm, call);
+    const MPI_Comm oc = own.dup;
     int r = 0;
     check_mpi(MPI_Comm_rank(oc, &r), call);
     const std::size_t per = std::max<std::size_t>(kOrderedPiece / tsize, static_cast<std::size_t>(p));
-    thread_local std::vector<char> got;   // slot q: rank q's part of this rank's slice
+    thread_local std::vector<char> got;  // slot q: rank q's part of this rank's slice
     thread_local std::vector<MPI_Request> req;
     for (std::size_t done = 0; done < count; done += per) {
         const std::size_t m = std::min(per, count - done);
@@ -125,29 +138,34 @@ void ordered_allreduce(char* buf, std::size_t count, MPI_Datatype type, std::siz
         const auto len = [&](int q) { return off(q + 1) - off(q); };
         const std::size_t mine = len(r), slot = (m / p + 1) * tsize;
         got.resize(slot * p);
+        const auto part = [&](int q) { return got.data() + static_cast<std::size_t>(q) * slot; };
         char* my = b + off(r) * tsize;
         auto round = [&](int tag, auto&& in, auto&& out) {  // empty slices send nothing
             req.clear();
             for (int q = 0; q < p; ++q) {
                 if (q == r) continue;
-                const auto [ip, in_n] = in(q);
+                const auto [in_p, in_n] = in(q);
                 const auto [out_p, out_n] = out(q);
                 if (in_n > 0)
-                    check_mpi(MPI_Irecv(ip, static_cast<int>(in_n), type, q, tag, oc, &req.emplace_back()), call);
+                    check_mpi(MPI_Irecv(in_p, static_cast<int>(in_n), type, q, tag, oc, &req.emplace_back()), call);
                 if (out_n > 0)
                     check_mpi(MPI_Isend(out_p, static_cast<int>(out_n), type, q, tag, oc, &req.emplace_back()), call);
             }
             wait_all(static_cast<int>(req.size()), req.data(), call);
         };
-        round(1, [&](int q) { return std::pair{got.data() + q * slot, mine}; },
+        round(1, [&](int q) { return std::pair{part(q), mine}; },
               [&](int q) { return std::pair{b + off(q) * tsize, len(q)}; });
         if (mine > 0) {
-            if (r != 0) {  // this rank's part to its slot, rank 0's in its place
-                std::memcpy(got.data() + r * slot, my, mine * tsize);
-                std::memcpy(my, got.data(), mine * tsize);
+            const int n = static_cast<int>(mine);
+            std::memcpy(part(r), my, mine * tsize);
+            // x + s has the bits of s + x: each node's sum in its first part
+            for (std::size_t k = 0; k < own.nodes.size(); ++k) {
+                const std::vector<int>& node = own.nodes[k];
+                for (std::size_t j = 1; j < node.size(); ++j)
+                    check_mpi(MPI_Reduce_local(part(node[j]), part(node[0]), n, type, op), call);
+                if (k == 0) std::memcpy(my, part(node[0]), mine * tsize);
+                else check_mpi(MPI_Reduce_local(part(node[0]), my, n, type, op), call);
             }
-            for (int q = 1; q < p; ++q)  // my = x_q + my: the same bits as my + x_q
-                check_mpi(MPI_Reduce_local(got.data() + q * slot, my, static_cast<int>(mine), type, op), call);
         }
         round(2, [&](int q) { return std::pair{b + off(q) * tsize, len(q)}; },
               [&](int) { return std::pair{my, mine}; });
@@ -174,8 +192,8 @@ void mpi_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype
     if ((quiet || ordered) && send == MPI_IN_PLACE && op.known() == Op::sum && count > 0) {
         int size = 1;
         check_mpi(MPI_Comm_size(comm, &size), call);
-        // GradAverager's sums in place: in rank order where the order changes
-        // the bits (floating types, 3 ranks or more); always when waited quietly.
+        // GradAverager's sums in place: in order where the order changes the
+        // bits (floating types, 3 ranks or more); always when waited quietly.
         const TypeInfo* info = find_type(type);
         const bool order_matters = info && (info->cls == TypeClass::floating ||
                                             info->cls == TypeClass::complex);

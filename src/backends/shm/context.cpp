@@ -99,21 +99,27 @@ MPI_Info noncontig_info() {
 
 namespace {
 
+// The ranks of comm on this rank's node (MPIML_NODE_SPLIT: on its simulated
+// node), in rank order.
+MPI_Comm node_comm(MPI_Comm comm, int rank, const char* call) {
+    MPI_Comm shared = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared), call);
+    const int split = config_ref().node_split;
+    if (split <= 0) return shared;
+    MPI_Comm node = MPI_COMM_NULL;
+    const int rc = MPI_Comm_split(shared, rank / split, rank, &node);
+    MPI_Comm_free(&shared);
+    check_mpi(rc, call);
+    return node;
+}
+
 std::shared_ptr<ShmContext> create_context(MPI_Comm comm, const char* call) {
     const auto& cfg = config_ref();
     auto c = std::make_shared<ShmContext>();
     c->comm = comm;
     check_mpi(MPI_Comm_rank(comm, &c->rank), call);
     check_mpi(MPI_Comm_size(comm, &c->size), call);
-    MPI_Comm shared = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &shared),
-              call);
-    if (cfg.node_split > 0) {
-        check_mpi(MPI_Comm_split(shared, c->rank / cfg.node_split, c->rank, &c->node), call);
-        MPI_Comm_free(&shared);
-    } else {
-        c->node = shared;
-    }
+    c->node = node_comm(comm, c->rank, call);
     c->alive = true;  // from here on, release() frees what exists
     check_mpi(MPI_Comm_rank(c->node, &c->node_rank), call);
     check_mpi(MPI_Comm_size(c->node, &c->node_size), call);
@@ -177,6 +183,24 @@ std::shared_ptr<ShmContext> create_context(MPI_Comm comm, const char* call) {
 }
 
 }  // namespace
+
+std::vector<int> node_numbers(MPI_Comm comm, const char* call) {
+    int rank = 0, size = 0;
+    check_mpi(MPI_Comm_rank(comm, &rank), call);
+    check_mpi(MPI_Comm_size(comm, &size), call);
+    MPI_Comm node = node_comm(comm, rank, call);
+    int lowest = rank;  // node rank 0 is the node's lowest rank
+    const int rc = MPI_Bcast(&lowest, 1, MPI_INT, 0, node);
+    MPI_Comm_free(&node);
+    check_mpi(rc, call);
+    std::vector<int> of(static_cast<std::size_t>(size));
+    check_mpi(MPI_Allgather(&lowest, 1, MPI_INT, of.data(), 1, MPI_INT, comm), call);
+    std::vector<int> lows = of;
+    std::sort(lows.begin(), lows.end());
+    lows.erase(std::unique(lows.begin(), lows.end()), lows.end());
+    for (int& n : of) n = static_cast<int>(std::lower_bound(lows.begin(), lows.end(), n) - lows.begin());
+    return of;
+}
 
 // The context of comm, created collectively on first use.
 std::shared_ptr<ShmContext> context(MPI_Comm comm, const char* call) {
