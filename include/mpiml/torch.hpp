@@ -84,16 +84,17 @@ struct AvgGradsOptions {
     /// soon as every gradient in it is final (a post-hook on each
     /// parameter's gradient accumulator); the call after backward() averages
     /// what is left (parameters that got no gradient: zeros) and waits.
-    /// Results are bit-identical to the averaging without overlap wherever
-    /// the reduction order is fixed (mpiml's shared-memory path, or 2 ranks).
+    /// Results are bit-identical to the averaging without overlap on every
+    /// path, at any number of ranks (see GradAverager: one summation order).
     /// Needs MPI_THREAD_SERIALIZED or higher; from a parameter's first
     /// gradient to the end of the call, only the communication thread may
     /// call MPI. Not with gradient_as_bucket_view.
     bool overlap = false;
     /// With overlap: the communication thread waits for the network by
     /// testing its requests with short sleeps in between (its core goes to
-    /// backward()), and averages across hosts with a ring of nonblocking
-    /// messages; false: MPI's own collectives and polling waits.
+    /// backward()); on MPI's path it sums with GradAverager's own
+    /// reduce-scatter and allgather at 2 ranks too. false: MPI's polling
+    /// waits (and MPI's allreduce at 2 ranks, the same bits).
     bool quiet_wait = true;
 };
 
@@ -138,8 +139,15 @@ struct GradAveragerImpl;
 /// buckets (as c10d's Reducer): `GradAverager avg(model, opts); ... avg();`.
 /// The parameter list is captured at construction (the parameters are kept
 /// alive); construction and destruction are collective over comm, as is each
-/// call. Each call averages the gradients exactly as mpi_avg_grads does.
-/// Collectives are recorded with the call site of the call (loc), those
+/// call. Each call averages the gradients as mpi_avg_grads does, but sums
+/// every element across ranks in one fixed order on every path: each node's
+/// ranks in rank order, then the nodes' sums in node order (one node, or one
+/// rank a node: ((g0 + g1) + g2) + ...), as mpiml's shared-memory path does;
+/// on MPI's path (one rank a node, nodes of unequal size, MPIML_SHM=off)
+/// with its own reduce-scatter and allgather instead of MPI's allreduce,
+/// whose order depends on the size. So results do not depend on how the
+/// buckets are cut: the same bits with overlap and without, and with
+/// shared memory on or off. Collectives are recorded with the call site of the call (loc), those
 /// during backward() (overlap) with the construction's.
 class GradAverager {
 public:
