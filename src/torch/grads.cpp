@@ -800,9 +800,8 @@ void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opt
 
 constexpr const char* kAveragerCall = "mpiml::GradAverager";
 
-/// GradAverager's sums in rank order on MPI's path too (the shared-memory
-/// path on one node sums so), whatever the buckets: the same bits with
-/// overlap as without.
+/// GradAverager's sums in the shared-memory path's order on MPI's path too,
+/// however the buckets are cut: the same bits with overlap as without.
 struct OrderedSums {
     bool was = detail::set_ordered_sums(true);
     ~OrderedSums() { detail::set_ordered_sums(was); }
