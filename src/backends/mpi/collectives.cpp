@@ -121,8 +121,8 @@ constexpr std::size_t kOrderedPiece = std::size_t{32} << 20;
 // order, then the nodes' sums in node order) and sends the sum to every rank
 // (allgather). Each round is p - 1 steps of one message each way, waited by
 // wait_all (quietly when the thread asked): a ring's traffic, 2 (p - 1) / p
-// of the buffer each way per rank (all messages of a round at once were
-// measured slower across hosts).
+// of the buffer each way per rank (all of a round's messages at once were
+// not faster across hosts).
 void ordered_allreduce(char* buf, std::size_t count, MPI_Datatype type, std::size_t tsize,
                        MPI_Op op, MPI_Comm comm, int p, const char* call) {
     const Own& own = own_comm(comm, call);
