@@ -1,5 +1,5 @@
 """Large allreduces on backend "mpiml" through MPI (run with MPIML_SHM=off):
-from 1 MiB on the worker waits quietly and sums by mpiml's ring, as
+from 8 MiB on the worker waits quietly and sums by mpiml's ring, as
 GradAverager's communication thread. Results against a Gloo group's, the
 same bits on every rank, slices that do not divide evenly, DDP."""
 
@@ -15,7 +15,7 @@ import mpiml.torch  # noqa: F401 (registers "mpiml")
 from c10d_fixtures import world, gloo  # noqa: F401 (pytest fixtures)
 
 R = dist.ReduceOp
-N = (1 << 18) + 5  # float32: just over 1 MiB, not a multiple of 2 or 3 ranks
+N = (1 << 21) + 5  # float32: just over 8 MiB, not a multiple of 2 or 3 ranks
 
 
 def same_everywhere(t):
@@ -46,7 +46,7 @@ def test_large_all_reduce_matches_gloo(world, gloo, dtype, op):
 def test_large_random_floats_same_bits_on_every_rank(world, gloo):
     rank, n = world
     gen = torch.Generator().manual_seed(11 + rank)
-    x = torch.randn(3 * N, generator=gen)
+    x = torch.randn(N, generator=gen)
     a, b, g = x.clone(), x.clone(), x.clone()
     dist.all_reduce(a)
     dist.all_reduce(b)
@@ -73,11 +73,12 @@ def test_large_non_contiguous_and_small_after(world):
 def test_ddp_with_large_buckets_matches_gloo(world, gloo):
     rank, n = world
     torch.manual_seed(0)
-    base = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512))  # 4 MiB
-    a = DDP(copy.deepcopy(base), bucket_cap_mb=1)
-    b = DDP(copy.deepcopy(base), process_group=gloo, bucket_cap_mb=1)
+    # Two buckets of just over 8 MiB (a weight and its bias each).
+    base = nn.Sequential(nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 1024))
+    a = DDP(copy.deepcopy(base), bucket_cap_mb=8)
+    b = DDP(copy.deepcopy(base), process_group=gloo, bucket_cap_mb=8)
     gen = torch.Generator().manual_seed(100 + rank)
-    x = torch.randint(-3, 4, (8, 512), generator=gen).float()
+    x = torch.randint(-3, 4, (8, 1024), generator=gen).float()
     for m in (a, b):
         m(x).sum().backward()
     for p, q in zip(a.parameters(), b.parameters()):
