@@ -4,8 +4,10 @@
 // last layer's bucket went to the communication thread, so the other ranks'
 // communication threads wait for it in a collective (the ring on MPI's
 // path). Modes: exit (std::exit(3)), sigkill, throw (uncaught), throw_run
-// (the same inside mpiml::run, which unwinds the averager). The job must end
-// with a non-zero status and a message naming the rank, never hang.
+// (the same inside mpiml::run, which unwinds the averager), exit_inside
+// (std::exit(3) while its own communication thread waits in the ring: the
+// other ranks come 1 s late). The job must end with a non-zero status and a
+// message naming the rank, never hang.
 #include <mpiml/mpiml.hpp>
 #include <mpiml/torch.hpp>
 
@@ -40,6 +42,10 @@ int body(const std::string& mode, int faulty) {
         // buckets are on their way when this rank fails.
         net[0]->as<torch::nn::Linear>()->weight.register_hook([&](const torch::Tensor& g) {
             if (step != 2) return g;
+            if (mode == "exit_inside") {
+                ::usleep(300 * 1000);  // the communication thread is in the first bucket's ring
+                std::exit(3);
+            }
             if (mode == "exit") std::exit(3);
             if (mode == "sigkill") ::kill(::getpid(), SIGKILL);
             throw std::runtime_error("injected failure during backward");
@@ -48,6 +54,7 @@ int body(const std::string& mode, int faulty) {
     const auto x = torch::randn({32, 64}), y = torch::randn({32, 8});
     for (step = 0; step < 5; ++step) {
         opt.zero_grad();
+        if (mode == "exit_inside" && rank != faulty && step == 2) ::sleep(1);
         torch::nn::functional::mse_loss(net->forward(x), y).backward();
         avg();
         opt.step();
