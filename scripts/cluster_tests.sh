@@ -147,6 +147,7 @@ if [ -x "$ftc" ]; then
   fault_hosts="--host h1:1,h2:1" fault_np=2 fault_prog=$ftc
   fault_case overlap.rank_exits_on_h2 10 "rank 1/2: exited with status 3 \\(host h2\\) while (rank 0 waits in allreduce #[0-9]+|allreduce #[0-9]+ was under way on another of its threads) - aborting the job" exit 1
   fault_case overlap.rank_exits_on_h1 10 "rank 0/2: exited with status 3 \\(host h1\\) while (rank 1 waits in allreduce #[0-9]+|allreduce #[0-9]+ was under way on another of its threads) - aborting the job" exit 0
+  fault_case overlap.rank_exits_inside_on_h2 10 "rank 1/2: exited with status 3 \\(host h2\\) while allreduce #[0-9]+ was under way on another of its threads - aborting the job" exit_inside 1
   fault_case overlap.rank_killed_on_h2 13 "rank 1 .* on node h2 .*(signal 9|Killed)" sigkill 1
   fault_case overlap.rank_throws_on_h2 10 "rank 1/2: uncaught exception .*injected failure during backward" throw 1
   fault_case overlap.rank_throws_in_run_on_h2 10 "rank 1/2: uncaught exception .*injected failure during backward" throw_run 1
