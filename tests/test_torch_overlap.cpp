@@ -16,6 +16,7 @@
 #include <torch/optim/adam.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <unordered_set>
@@ -351,8 +352,8 @@ void options_disagree(bool mpi_path) {
     o.quiet_wait = !last;
     expect_options_disagree(o, "quiet_wait", "false");
     o.quiet_wait = true;
-    o.bucket_cap_bytes = last ? 512 : 1024;
-    expect_options_disagree(o, "bucket_cap_bytes", "512");
+    o.bucket_cap_bytes = last ? SIZE_MAX : 1024;  // shown unsigned
+    expect_options_disagree(o, "bucket_cap_bytes", "18446744073709551615");
     o.bucket_cap_bytes = 1024;
     o.overlap = false;
     o.gradient_as_bucket_view = last;

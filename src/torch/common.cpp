@@ -222,7 +222,7 @@ void verify_same_settings(const Setting* settings, int n, const char* what, MPI_
         bool differ = false;
         for (int r = 0; r < size; ++r) {
             const std::int64_t v = all[static_cast<std::size_t>(r) * n + i];
-            has[r] = s.flag ? (v ? "true" : "false") : std::to_string(v);
+            has[r] = s.flag ? (v ? "true" : "false") : std::to_string(static_cast<std::uint64_t>(v));
             differ = differ || v != all[i];
         }
         if (differ)
