@@ -97,7 +97,7 @@ fc=$build/tests/fault_child
 fault_case() {
   local name=$1 limit=$2 regex=$3 mode=$4 faulty=$5 action=${6:-}
   picked "fault.$name" || return 0
-  bash "$root/tests/run_fault_case.sh" "$mpirun_cl" "${fault_hosts:---host h1:2,h2:2}" "$fc" "${fault_np:-4}" "$mode" "$faulty" \
+  bash "$root/tests/run_fault_case.sh" "$mpirun_cl" "${fault_hosts:---host h1:2,h2:2}" "${fault_prog:-$fc}" "${fault_np:-4}" "$mode" "$faulty" \
     "$limit" "$regex" > "$log/fault.$name.log" 2>&1 &
   local job=$!
   if [ -n "$action" ]; then sleep 3; eval "$action" >> "$log/fault.$name.log" 2>&1; fi
@@ -141,6 +141,19 @@ if [ -x "$fc" ]; then
   fi
   # One rank a host: only the remote read (one-sided MPI) sees the waiting rank.
   fault_hosts="--host h1:1,h2:1" fault_np=2 fault_case rank_exits_alone_on_h2 10 "rank 1/2: exited with status 3 \\(host h2\\) while rank 0 waits in allreduce #2" exit 1
+fi
+# GradAverager(overlap=true), one rank a host: the rank on h2 fails during
+# backward() while rank 0's communication thread waits for it in its allreduce.
+ftc=$build/tests/fault_torch_child
+if [ -x "$ftc" ]; then
+  fault_hosts="--host h1:1,h2:1" fault_np=2 fault_prog=$ftc
+  fault_case overlap.rank_exits_on_h2 10 "rank 1/2: exited with status 3 \\(host h2\\) while (rank 0 waits in allreduce #[0-9]+|allreduce #[0-9]+ was under way on another of its threads) - aborting the job" exit 1
+  fault_case overlap.rank_exits_on_h1 10 "rank 0/2: exited with status 3 \\(host h1\\) while (rank 1 waits in allreduce #[0-9]+|allreduce #[0-9]+ was under way on another of its threads) - aborting the job" exit 0
+  fault_case overlap.rank_exits_inside_on_h2 10 "rank 1/2: exited with status 3 \\(host h2\\) while allreduce #[0-9]+ was under way on another of its threads - aborting the job" exit_inside 1
+  fault_case overlap.rank_killed_on_h2 13 "rank 1 .* on node h2 .*(signal 9|Killed)" sigkill 1
+  fault_case overlap.rank_throws_on_h2 10 "rank 1/2: uncaught exception .*injected failure during backward" throw 1
+  fault_case overlap.rank_throws_in_run_on_h2 10 "rank 1/2: uncaught exception .*injected failure during backward" throw_run 1
+  unset fault_hosts fault_np fault_prog
 fi
 unset MPIML_TIMEOUT
 

@@ -18,9 +18,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cstdio>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -97,10 +98,11 @@ torch::Tensor micro_loss(Net& net, const torch::Tensor& x, const torch::Tensor& 
     return torch::nn::functional::mse_loss(net(x, use_only0), y) / micro;
 }
 
-/// Shared memory off (every collective on MPI's path) while alive, if off.
+/// While it lives (off = true): the shared-memory path off, so every
+/// collective takes MPI's path, as with one rank a host.
 struct ShmOff {
     mpiml::shm::Mode was = mpiml::shm::config().mode;
-    explicit ShmOff(bool off) {
+    explicit ShmOff(bool off = true) {
         if (off) mpiml::shm::set_mode(mpiml::shm::Mode::off);
     }
     ~ShmOff() { mpiml::shm::set_mode(was); }
@@ -405,6 +407,75 @@ TEST(TorchOverlap, DestroyedWithoutTheCallEndsTheStep) {
     // The hooks are gone: another backward() is plain accumulation.
     (p * 1.0).sum().backward();
     EXPECT_TRUE(p.grad().allclose(torch::full({4}, (size() - 1) / 2.0 + 1.0)));
+}
+
+// Options that change which collectives run (or their sizes) must be alike on
+// every rank: construction compares them and every rank throws, naming the
+// option, each rank's value and call site, on the shared-memory path and on
+// MPI's (where GradAverager's own allreduce would otherwise leave ranks in
+// different collectives).
+void expect_options_disagree(const mpiml::AvgGradsOptions& mine, const std::string& option,
+                             const std::string& last_has) {
+    auto p = torch::ones({300}).requires_grad_();
+    const int line = __LINE__ + 1;
+    const auto make = [&] { mpiml::GradAverager avg(std::vector<torch::Tensor>{p}, mine); };
+    const std::string odd = "rank " + std::to_string(size() - 1) + " has " + last_has;
+    expect_error(make, {"mpiml::GradAverager on rank " + std::to_string(rank()) + "/",
+                        "ranks disagree on AvgGradsOptions." + option + ": ", odd,
+                        "called at " + std::string(__FILE__) + ":" + std::to_string(line)});
+}
+
+void options_disagree(bool mpi_path) {
+    const ShmOff mode(mpi_path);
+    const bool last = rank() == size() - 1;
+    mpiml::AvgGradsOptions o;
+    o.overlap = !last;
+    expect_options_disagree(o, "overlap", "false");
+    o.overlap = true;
+    o.quiet_wait = !last;
+    expect_options_disagree(o, "quiet_wait", "false");
+    o.quiet_wait = true;
+    o.bucket_cap_bytes = last ? SIZE_MAX : 1024;  // shown unsigned
+    expect_options_disagree(o, "bucket_cap_bytes", "18446744073709551615");
+    o.bucket_cap_bytes = 1024;
+    o.overlap = false;
+    o.gradient_as_bucket_view = last;
+    expect_options_disagree(o, "gradient_as_bucket_view", "true");
+    // Two at once: both named.
+    o = {};
+    o.overlap = last;
+    o.bucket_cap_bytes = last ? 512 : 1024;
+    expect_error([&] { mpiml::GradAverager avg(std::vector<torch::Tensor>{torch::ones({3}).requires_grad_()}, o); },
+                 {"AvgGradsOptions.overlap: ", "AvgGradsOptions.bucket_cap_bytes: "});
+    // quiet_wait does not matter without overlap; and nothing was left
+    // half-built: an averager with the same options works everywhere.
+    o = {};
+    o.quiet_wait = last;
+    auto p = torch::ones({4}).requires_grad_();
+    mpiml::GradAverager plain(std::vector<torch::Tensor>{p}, o);
+    o.overlap = true;
+    o.quiet_wait = true;
+    mpiml::GradAverager over(std::vector<torch::Tensor>{p}, o);
+    (p * static_cast<double>(rank())).sum().backward();
+    over();
+    EXPECT_TRUE(p.grad().allclose(torch::full({4}, (size() - 1) / 2.0)));
+}
+
+TEST(TorchOverlap, OptionsThatDisagreeThrowEverywhere) { options_disagree(false); }
+TEST(TorchOverlap, OptionsThatDisagreeThrowEverywhereOnMpiPath) { options_disagree(true); }
+
+// mpi_avg_grads compares them only under MPIML_CHECK (each call is its own).
+TEST(TorchOverlap, FreeFunctionComparesOptionsUnderChecks) {
+    const bool was = mpiml::check_enabled();
+    mpiml::set_check(true);
+    auto p = torch::ones({300}).requires_grad_();
+    (p * 1.0).sum().backward();
+    mpiml::AvgGradsOptions o;
+    o.bucket_cap_bytes = rank() == size() - 1 ? 512 : 1024;
+    expect_error([&] { mpiml::mpi_avg_grads(std::vector<torch::Tensor>{p}, o); },
+                 {"mpiml::mpi_avg_grads", "AvgGradsOptions.bucket_cap_bytes: ",
+                  "rank " + std::to_string(size() - 1) + " has 512"});
+    mpiml::set_check(was);
 }
 
 }  // namespace

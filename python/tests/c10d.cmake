@@ -42,3 +42,9 @@ if(TARGET _c10d)
   mpiml_add_pytest(NAME pytest_c10d_torch_suite FILE tests/test_c10d_torch_suite.py RANKS 2 3
                    TIMEOUT 300 LABELS c10d ENV BACKEND=mpiml)
 endif()
+
+# Large allreduces through MPI: the worker's quiet waits and own allreduce.
+if(TARGET _c10d)
+  mpiml_add_pytest(NAME pytest_c10d_large FILE tests/test_c10d_large.py RANKS 2 3 TIMEOUT 120
+                   LABELS c10d ENV MPIML_SHM=off)
+endif()

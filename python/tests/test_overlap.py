@@ -115,3 +115,24 @@ def test_no_sync_is_a_context_manager_without_overlap_too():
         avg()
         torch.testing.assert_close(p.grad, torch.full((4,), (SIZE - 1) / 2 + 1.0))
         del avg
+
+
+@pytest.mark.parametrize("option,mine,last_has", [
+    ("overlap", dict(overlap=RANK != SIZE - 1), "false"),
+    ("bucket_cap_bytes", dict(overlap=True, bucket_cap_mb=1 if RANK == SIZE - 1 else 2), str(1 << 20)),
+])
+def test_options_that_disagree_raise_on_every_rank(option, mine, last_has):
+    # Options that change which collectives run must be alike on every rank:
+    # construction compares them and every rank raises (no hang), naming the
+    # option and what each rank has.
+    p = nn.Parameter(torch.ones(4))
+    with pytest.raises(mpiml.ArgumentError,
+                       match=r"mpiml::GradAverager on rank %d/%d: ranks disagree on AvgGradsOptions\.%s: .*"
+                             r"rank %d has %s" % (RANK, SIZE, option, SIZE - 1, last_has)) as err:
+        mp.GradAverager([p], **mine)
+    assert err.value.rank == RANK and err.value.call == "mpiml::GradAverager"
+    avg = mp.GradAverager([p], overlap=True)  # then alike: works everywhere
+    (p * RANK).sum().backward()
+    avg()
+    torch.testing.assert_close(p.grad, torch.full((4,), (SIZE - 1) / 2))
+    del avg

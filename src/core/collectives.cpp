@@ -252,10 +252,17 @@ std::uint64_t enter_collective(Kind kind, MPI_Comm comm, bool& marked) {
             marked = true;
         }
     }
+    if (!collective_entered(kind, seq)) {
+        if (marked) exit_mark_leave();
+        marked = false;
+        fail(kind_name(kind), "MPI is being finalized (another thread is ending the process)");
+    }
     return seq;
 }
 
+// history: the entry's token, never 0 once entered.
 void leave_collective(bool& marked, std::uint64_t& watch, std::uint64_t& history) {
+    if (history) collective_left();
     history_leave(history);
     history = 0;
     if (marked && exit_guard_ready()) exit_mark_leave();

@@ -56,12 +56,28 @@ Guard& guard() {
 
 std::atomic_ref<std::uint64_t> slot(Slot i) { return std::atomic_ref<std::uint64_t>(guard().mine[i]); }
 
+// Collectives under way in this process, the last one entered, and whether
+// MPI is being finalized (then no thread may enter another).
+std::atomic<int> under_way{0};
+std::atomic<std::uint64_t> last_entered{0};
+std::atomic<bool> finalizing{false};
+
+std::string collective_text(std::uint64_t last) {
+    const auto kind = static_cast<Kind>(last >> seq_bits);
+    const std::uint64_t seq = last & ((std::uint64_t{1} << seq_bits) - 1);
+    return std::string(kind_name(kind)) + " #" + std::to_string(seq);
+}
+
+/// "exited with status 3 (host h1)" or "finalized MPI (host h1)".
+std::string ended_text(int status) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) != 0) host[0] = '?';
+    return (status >= 0 ? "exited with status " + std::to_string(status) : std::string("finalized MPI")) +
+           " (host " + host + ")";
+}
+
 std::string waiting_text(const std::vector<std::pair<int, std::uint64_t>>& stuck) {
-    auto what = [](std::uint64_t last) {
-        const auto kind = static_cast<Kind>(last >> seq_bits);
-        const std::uint64_t seq = last & ((std::uint64_t{1} << seq_bits) - 1);
-        return std::string(kind_name(kind)) + " #" + std::to_string(seq);
-    };
+    const auto what = collective_text;
     bool same = true;
     for (const auto& s : stuck) same = same && s.second == stuck.front().second;
     std::string text;
@@ -148,6 +164,26 @@ void exit_mark_leave() { slot(inside).fetch_sub(1, std::memory_order_release); }
 
 void set_exit_status(int status) { guard().status.store(status, std::memory_order_relaxed); }
 
+bool collective_entered(Kind kind, std::uint64_t seq) {
+    last_entered.store(static_cast<std::uint64_t>(kind) << seq_bits | seq, std::memory_order_relaxed);
+    under_way.fetch_add(1);  // then the flag: one of the two threads sees the other
+    if (!finalizing.load()) return true;
+    under_way.fetch_sub(1);
+    return false;
+}
+
+void collective_left() { under_way.fetch_sub(1, std::memory_order_release); }
+
+void exit_check_other_threads() {
+    finalizing.store(true);
+    if (under_way.load() == 0) return;
+    const int status = guard().status.load(std::memory_order_relaxed);
+    abort_job(ended_text(status) + " while " +
+                  collective_text(last_entered.load(std::memory_order_relaxed)) +
+                  " was under way on another of its threads",
+              status > 0 ? status : 1);
+}
+
 void exit_guard_run() {
     auto& g = guard();
     if (!g.ready.load(std::memory_order_acquire) || g.ran.exchange(true)) return;
@@ -195,14 +231,8 @@ void exit_guard_run() {
             else if (p.buf[inside] > 0 && p.buf[entered] > my_entered)
                 stuck.emplace_back(j, p.buf[last]);
         }
-        if (!stuck.empty()) {
-            char host[256] = {};
-            if (::gethostname(host, sizeof host - 1) != 0) host[0] = '?';
-            const std::string ended_how =
-                status >= 0 ? "exited with status " + std::to_string(status) : "finalized MPI";
-            abort_job(ended_how + " (host " + host + ") while " + waiting_text(stuck),
-                      status > 0 ? status : 1);
-        }
+        if (!stuck.empty())
+            abort_job(ended_text(status) + " while " + waiting_text(stuck), status > 0 ? status : 1);
         if (all_ended || broken) break;
         const timespec nap{0, 200'000};
         ::nanosleep(&nap, nullptr);

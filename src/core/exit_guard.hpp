@@ -18,6 +18,16 @@ void exit_mark_enter(Kind kind, std::uint64_t seq);
 void exit_mark_leave();
 /// The status this process exits with, when known before MPI_Finalize.
 void set_exit_status(int status);
+/// Entering / leaving any collective, on any communicator and thread;
+/// entering is refused (false) once MPI is being finalized.
+bool collective_entered(Kind kind, std::uint64_t seq);
+void collective_left();
+/// Before MPI_Finalize: when another thread of this process is inside a
+/// collective (a GradAverager's communication thread, say), MPI_Finalize
+/// would run alongside it and its peers would wait for its part forever:
+/// aborts the job instead, naming this rank, how it ended and the collective.
+/// From then on no thread may enter a collective.
+void exit_check_other_threads();
 /// Run at the start of MPI_Finalize: waits until every rank ends; aborts the
 /// job, naming the ranks, when a rank waits in a collective this rank never
 /// entered.

@@ -39,6 +39,7 @@ std::vector<void (*)()>& finalize_hooks() {
 // MPI_Finalize deletes MPI_COMM_SELF's attributes first: run our cleanup
 // there, whoever calls MPI_Finalize.
 int on_self_delete(MPI_Comm, int, void*, void*) {
+    exit_check_other_threads();  // when MPI_Finalize was not called through mpiml
     exit_guard_run();  // first: the hooks below may be collective
     auto& hooks = finalize_hooks();
     for (auto it = hooks.rbegin(); it != hooks.rend(); ++it) (*it)();
@@ -151,6 +152,7 @@ int Session::thread_level() const { return state().provided; }
 void finalize() {
     auto& s = state();
     if (!s.we_initialized || is_finalized() || !is_initialized()) return;
+    detail::exit_check_other_threads();
     MPI_Finalize();
     s.ready = false;
 }

@@ -186,15 +186,50 @@ void report_mismatch(const std::vector<std::uint64_t>& hashes,
                        (name.empty() ? "" : " " + name) + ": " + detail::rank_list(differ) +
                        (differ.size() == 1 ? " differs" : " differ") + " from rank " +
                        std::to_string(ref) + ": " + detail::group_ranks(has, ref, "has", "have");
-    // and where each rank called from
+    detail::fail(call, what + called_from(ref, comm, call));
+}
+
+/// " (rank 0 called at a.cpp:3; rank 1 called at b.cpp:9)": where each rank
+/// called from, empty when no rank knows (collective).
+std::string called_from(int ref, MPI_Comm comm, const char* call) {
     std::vector<std::string> sites =
         gather_descriptions(detail::site_text(detail::current_site()), comm, call);
-    if (std::any_of(sites.begin(), sites.end(), [](const std::string& s) { return !s.empty(); })) {
-        for (std::string& s : sites)
-            if (s.empty()) s = "an unknown place";
-        what += " (" + detail::group_ranks(sites, ref, "called at", "called at") + ")";
+    if (std::none_of(sites.begin(), sites.end(), [](const std::string& s) { return !s.empty(); }))
+        return {};
+    for (std::string& s : sites)
+        if (s.empty()) s = "an unknown place";
+    return " (" + detail::group_ranks(sites, ref, "called at", "called at") + ")";
+}
+
+void verify_same_settings(const Setting* settings, int n, const char* what, MPI_Comm comm,
+                          const char* call) {
+    std::vector<std::int64_t> mine(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) mine[i] = settings[i].value;
+    if (detail::agree(mine.data(), n, comm, call)) return;
+    const int size = num_procs(comm);
+    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(size));
+    detail::allgather(mine.data(), all.data(), mine.size(), MPI_INT64_T, comm, call);
+    auto every_rank_true = [&](int j) {
+        for (int r = 0; r < size; ++r)
+            if (all[static_cast<std::size_t>(r) * n + j] != 1) return false;
+        return true;
+    };
+    std::string text;
+    for (int i = 0; i < n; ++i) {
+        const Setting& s = settings[i];
+        if (s.only_if >= 0 && !every_rank_true(s.only_if)) continue;
+        std::vector<std::string> has(static_cast<std::size_t>(size));
+        bool differ = false;
+        for (int r = 0; r < size; ++r) {
+            const std::int64_t v = all[static_cast<std::size_t>(r) * n + i];
+            has[r] = s.flag ? (v ? "true" : "false") : std::to_string(static_cast<std::uint64_t>(v));
+            differ = differ || v != all[i];
+        }
+        if (differ)
+            text += (text.empty() ? "" : "; and on ") + std::string(what) + "." + s.name + ": " +
+                    detail::group_ranks(has, 0, "has", "have");
     }
-    detail::fail(call, what);
+    detail::fail(call, "ranks disagree on " + text + called_from(0, comm, call));
 }
 
 void verify_same(const std::vector<std::string>& descs, int root, MPI_Comm comm,

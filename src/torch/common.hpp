@@ -112,6 +112,27 @@ void verify_same(const std::vector<std::uint64_t>& hashes,
                  const char* call);
 void verify_same(const std::vector<std::string>& descs, int root, MPI_Comm comm, const char* call);
 
+/// " (rank 0 called at a.cpp:3; rank 1 called at b.cpp:9)", empty when no
+/// rank knows its call site. Collective.
+std::string called_from(int ref, MPI_Comm comm, const char* call);
+
+/// An option that must be the same on every rank: its name, its value (a
+/// flag: 0 or 1; otherwise shown unsigned), and the index of the flag it
+/// matters under (-1: always; otherwise pass a fixed value where that flag is
+/// off, and it is named only when that flag is on everywhere).
+struct Setting {
+    const char* name;
+    std::int64_t value;
+    bool flag = false;
+    int only_if = -1;
+};
+/// Verifies in one small allreduce that every rank passed the same settings;
+/// on a mismatch throws the same mpiml::Error on every rank, naming each
+/// setting that differs, e.g. "ranks disagree on AvgGradsOptions.overlap:
+/// rank 0 has true; rank 1 has false (ranks 0, 1 called at a.cpp:3)".
+void verify_same_settings(const Setting* settings, int n, const char* what, MPI_Comm comm,
+                          const char* call);
+
 // ------------------------------------------------------------ collection
 
 struct Named {

@@ -757,12 +757,28 @@ void avg_packed_cached(const std::vector<Eligible>& ps, const AvgGradsOptions& o
     run_packed(hit->st, comm, size, call);
 }
 
+/// Every rank must pass the options that decide which collectives run and
+/// their sizes alike (one small allreduce); otherwise, across hosts, ranks
+/// would wait in different collectives until MPIML_TIMEOUT.
+void agree_options(const AvgGradsOptions& opts, MPI_Comm comm, const char* call) {
+    const Setting settings[] = {
+        {"overlap", opts.overlap, true},
+        {"quiet_wait", opts.overlap ? opts.quiet_wait : true, true, /*only_if overlap*/ 0},
+        {"gradient_as_bucket_view", opts.gradient_as_bucket_view, true},
+        {"bucket_cap_bytes", static_cast<std::int64_t>(opts.bucket_cap_bytes)},
+    };
+    verify_same_settings(settings, static_cast<int>(std::size(settings)), "AvgGradsOptions", comm, call);
+}
+
 void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opts,
                MPI_Comm comm, const std::vector<std::string>* check_descs) {
     constexpr const char* call = "mpiml::mpi_avg_grads";
+    if (check_descs) {  // MPIML_CHECK: the options and the modules alike on every rank
+        agree_options(opts, comm, call);
+        verify_same(*check_descs, -1, comm, call);
+    }
     if (opts.overlap)  // alike on every rank
         detail::fail(call, "overlap needs a GradAverager (it hooks the parameters once, at construction)");
-    if (check_descs) verify_same(*check_descs, -1, comm, call);
     const int size = num_procs(comm);
     if (size == 1) return;
     PackedCache& cache = packed_cache();
@@ -1059,7 +1075,8 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
                                                         const AvgGradsOptions& opts, MPI_Comm comm,
                                                         const std::vector<std::string>* descs) {
     const int size = num_procs(comm);
-    if (opts.overlap) {  // local, alike on every rank: before any collective
+    if (size > 1) agree_options(opts, comm, kAveragerCall);
+    if (opts.overlap) {  // alike on every rank (agreed): before any other collective
         if (opts.gradient_as_bucket_view)
             detail::fail(kAveragerCall, "overlap and gradient_as_bucket_view cannot be combined");
         int provided = MPI_THREAD_SINGLE;
