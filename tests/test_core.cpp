@@ -10,6 +10,8 @@
 #include <limits>
 #include <memory>
 #include <span>
+#include <string>
+#include <cstdlib>
 #include <type_traits>
 #include <vector>
 
@@ -296,3 +298,28 @@ TEST(Core, AllgatherInRankOrder) {
 }
 
 }  // namespace
+
+// Open MPI: mpiml asks for two TCP connections to each peer on another host
+// unless the job set btl_tcp_links (MPIML_TEST_TCP_LINKS: the value the
+// launch chose). Read back through MPI_T, as Open MPI itself sees it.
+TEST(Core, OpenMpiTcpLinks) {
+#ifndef OPEN_MPI
+    GTEST_SKIP() << "Open MPI only";
+#else
+    const char* want_s = std::getenv("MPIML_TEST_TCP_LINKS");
+    const unsigned want = want_s ? static_cast<unsigned>(std::stoul(want_s)) : 2U;
+    int provided = 0;
+    ASSERT_EQ(MPI_T_init_thread(MPI_THREAD_SINGLE, &provided), MPI_SUCCESS);
+    int index = -1;
+    ASSERT_EQ(MPI_T_cvar_get_index("btl_tcp_links", &index), MPI_SUCCESS);
+    MPI_T_cvar_handle handle{};
+    int count = 0;
+    ASSERT_EQ(MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count), MPI_SUCCESS);
+    ASSERT_EQ(count, 1);
+    unsigned links = 0;
+    ASSERT_EQ(MPI_T_cvar_read(handle, &links), MPI_SUCCESS);
+    MPI_T_cvar_handle_free(&handle);
+    MPI_T_finalize();
+    EXPECT_EQ(links, want) << "rank " << rank();
+#endif
+}
