@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 
@@ -325,6 +326,34 @@ TEST(TorchOverlap, PlanRebuiltFromRankZerosBackwardOrder) {
     EXPECT_GE(plan.back()[0], 4u) << "l1's come last";
     std::sort(flat.begin(), flat.end());
     EXPECT_EQ(flat, (std::vector<std::int64_t>{0, 1, 2, 3, 4, 5}));
+}
+
+// Two layers' weights exceed the cap: each layer (bias, weight) gets a bucket
+// of its own, started when that layer is done, not when the next one is.
+TEST(TorchOverlap, BucketsDoNotWaitForALayerTheyHaveNoRoomFor) {
+    torch::manual_seed(6);
+    torch::nn::Sequential over(torch::nn::Linear(64, 64), torch::nn::Linear(64, 64),
+                               torch::nn::Linear(64, 64), torch::nn::Linear(64, 64));
+    torch::manual_seed(6);
+    torch::nn::Sequential plain(torch::nn::Linear(64, 64), torch::nn::Linear(64, 64),
+                                torch::nn::Linear(64, 64), torch::nn::Linear(64, 64));
+    mpiml::AvgGradsOptions o;
+    o.bucket_cap_bytes = 24 * 1024;  // 1.5 weights of 16 KiB
+    mpiml::GradAverager plain_avg(plain, o);
+    o.overlap = true;
+    mpiml::GradAverager over_avg(over, o);
+    using Plan = std::vector<std::vector<std::size_t>>;
+    // Parameters: weight 0, bias 1 of the first layer ... weight 6, bias 7 of the last.
+    EXPECT_EQ(over_avg.bucket_plan(), (Plan{{7, 6}, {5, 4}, {3, 2}, {1, 0}}));
+    torch::manual_seed(50 + rank());
+    const auto x = torch::randn({8, 64});
+    over->forward(x).square().sum().backward();
+    plain->forward(x).square().sum().backward();
+    over_avg();
+    plain_avg();
+    const auto po = over->parameters(), pp = plain->parameters();
+    for (std::size_t i = 0; i < po.size(); ++i)
+        EXPECT_TRUE(po[i].grad().equal(pp[i].grad())) << "gradient #" << i;
 }
 
 using mpiml_test::expect_error;

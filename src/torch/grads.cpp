@@ -278,8 +278,11 @@ constexpr std::size_t kFirstBucketBytes = std::size_t{1} << 20;
 /// The overlap plan (entries already in reverse parameter order, the order in
 /// which backward() finishes them): fused buckets only, one open bucket per
 /// wire, closed once it holds at least its limit (DDP's rule: a layer's bias
-/// and weight, adjacent in that order, end up together): a wire's first
-/// bucket kFirstBucketBytes, the others the cap. Buckets are numbered in the
+/// and weight, adjacent in that order, end up together; a wire's first bucket
+/// kFirstBucketBytes, the others the cap), or once the wire's next two entries
+/// would take it past the cap: a bucket does not wait for the next layer's
+/// weight it has no room for (with two large layers, DDP's rule would start
+/// their bucket only when the second is done). Buckets are numbered in the
 /// order they open, i.e. of their first entry. Returns the scratch bytes needed.
 std::size_t plan_overlap_buckets(GradState& st, std::size_t cap) {
     st.buckets.clear();
@@ -290,7 +293,18 @@ std::size_t plan_overlap_buckets(GradState& st, std::size_t cap) {
         std::size_t limit;  // its bytes
     };
     std::vector<OpenBucket> wires;
-    for (GradEntry& e : st.entries) {
+    // Bytes of each entry's next two entries of the same wire.
+    std::vector<std::size_t> ahead(st.entries.size(), 0);
+    for (std::size_t i = 0; i < st.entries.size(); ++i) {
+        int seen = 0;
+        for (std::size_t j = i + 1; j < st.entries.size() && seen < 2; ++j) {
+            if (st.entries[j].wire.mpi != st.entries[i].wire.mpi) continue;
+            ahead[i] += st.entries[j].numel * st.entries[j].wire.size;
+            ++seen;
+        }
+    }
+    for (std::size_t i = 0; i < st.entries.size(); ++i) {
+        GradEntry& e = st.entries[i];
         auto it = std::find_if(wires.begin(), wires.end(), [&](const OpenBucket& w) { return w.mpi == e.wire.mpi; });
         if (it == wires.end())
             it = wires.insert(wires.end(), {e.wire.mpi, SIZE_MAX, std::min(cap, kFirstBucketBytes)});
@@ -302,7 +316,8 @@ std::size_t plan_overlap_buckets(GradState& st, std::size_t cap) {
         e.bucket = it->open;
         b.entries += 1;
         b.payload += e.numel;
-        if (b.payload * e.wire.size >= it->limit) {
+        const std::size_t bytes = b.payload * e.wire.size;
+        if (bytes >= it->limit || bytes + ahead[i] > cap) {
             it->open = SIZE_MAX;
             it->limit = cap;
         }
