@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -23,10 +24,10 @@ void expect_error(F&& fn, const std::vector<std::string>& needles) {
         if (mpiml::proc_id() == 0) std::printf("  mpiml::Error: %s\n", what.c_str());
         for (const auto& n : needles) {
             bool found = false;
-            for (std::size_t b = 0; !found; b = n.find('|', b) + 1) {
-                const std::size_t e = n.find('|', b);
-                found = what.find(n.substr(b, e == std::string::npos ? e : e - b)) != std::string::npos;
-                if (e == std::string::npos) break;
+            std::size_t b = 0;
+            for (std::size_t e; !found && b <= n.size(); b = e + 1) {
+                e = std::min(n.find('|', b), n.size());
+                found = what.find(n.substr(b, e - b)) != std::string::npos;
             }
             EXPECT_TRUE(found) << "'" << n << "' not in: " << what;
         }

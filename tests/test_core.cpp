@@ -7,11 +7,11 @@
 #include <array>
 #include <complex>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <span>
 #include <string>
-#include <cstdlib>
 #include <type_traits>
 #include <vector>
 
@@ -297,8 +297,6 @@ TEST(Core, AllgatherInRankOrder) {
     for (int r = 0; r < size(); ++r) EXPECT_EQ(all[r], r * 10);
 }
 
-}  // namespace
-
 // Open MPI: mpiml asks for two TCP connections to each peer on another host
 // unless the job set btl_tcp_links (MPIML_TEST_TCP_LINKS: the value the
 // launch chose). Read back through MPI_T, as Open MPI itself sees it.
@@ -323,3 +321,5 @@ TEST(Core, OpenMpiTcpLinks) {
     EXPECT_EQ(links, want) << "rank " << rank();
 #endif
 }
+
+}  // namespace

@@ -293,15 +293,20 @@ std::size_t plan_overlap_buckets(GradState& st, std::size_t cap) {
         std::size_t limit;  // its bytes
     };
     std::vector<OpenBucket> wires;
-    // Bytes of each entry's next two entries of the same wire.
+    // Bytes of each entry's next two entries of the same wire (one backward pass).
     std::vector<std::size_t> ahead(st.entries.size(), 0);
-    for (std::size_t i = 0; i < st.entries.size(); ++i) {
-        int seen = 0;
-        for (std::size_t j = i + 1; j < st.entries.size() && seen < 2; ++j) {
-            if (st.entries[j].wire.mpi != st.entries[i].wire.mpi) continue;
-            ahead[i] += st.entries[j].numel * st.entries[j].wire.size;
-            ++seen;
-        }
+    struct Next {
+        MPI_Datatype mpi;
+        std::size_t one, two;  // bytes of the next entry and of the one after it
+    };
+    std::vector<Next> next;
+    for (std::size_t i = st.entries.size(); i-- > 0;) {
+        const GradEntry& e = st.entries[i];
+        auto n = std::find_if(next.begin(), next.end(), [&](const Next& x) { return x.mpi == e.wire.mpi; });
+        if (n == next.end()) n = next.insert(next.end(), {e.wire.mpi, 0, 0});
+        ahead[i] = n->one + n->two;
+        n->two = n->one;
+        n->one = e.numel * e.wire.size;
     }
     for (std::size_t i = 0; i < st.entries.size(); ++i) {
         GradEntry& e = st.entries[i];
