@@ -77,10 +77,10 @@ struct AvgGradsOptions {
     bool gradient_as_bucket_view = false;
     /// GradAverager only: average while backward() still runs. Buckets are
     /// planned in reverse parameter order, each closed once it holds 1 MiB
-    /// (the first) or bucket_cap_bytes (as DDP), rebuilt once at the first
-    /// call in the order rank 0's gradients became final (as DDP), and each
-    /// bucket is averaged on a
-    /// communication thread as
+    /// (the first) or bucket_cap_bytes (as DDP), or once the next two
+    /// tensors would take it past bucket_cap_bytes; the plan is rebuilt once
+    /// at the first call in the order rank 0's gradients became final (as
+    /// DDP), and each bucket is averaged on a communication thread as
     /// soon as every gradient in it is final (a post-hook on each
     /// parameter's gradient accumulator); the call after backward() averages
     /// what is left (parameters that got no gradient: zeros) and waits.
