@@ -1,10 +1,13 @@
 // Core collectives against exact expected values, for several element types.
 #include <mpiml/mpiml.hpp>
 
+#include "backends/mpi/pace.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <complex>
 #include <cstdint>
 #include <cstdlib>
@@ -295,6 +298,33 @@ TEST(Core, AllgatherInRankOrder) {
     const auto all = mpiml::allgather(rank() * 10);
     ASSERT_EQ(static_cast<int>(all.size()), size());
     for (int r = 0; r < size(); ++r) EXPECT_EQ(all[r], r * 10);
+}
+
+// The quiet waits' longest sleep follows the rate of the large transfers:
+// what the link moves in kBytesPerSleep, within its bounds.
+TEST(Core, QuietWaitPace) {
+    using mpiml::detail::WaitPace;
+    using us = std::chrono::microseconds;
+    WaitPace p;
+    EXPECT_EQ(p.cap(), WaitPace::kShortestCap) << "before any transfer was timed";
+    p.timed(1000, 1.0);  // small: latency, not rate
+    EXPECT_EQ(p.rate(), 0.0);
+    EXPECT_EQ(p.cap(), WaitPace::kShortestCap);
+    // 16 MiB in 134 ms: 1 Gbit/s, 128 KiB in about 1 ms.
+    p.timed(16u << 20, 0.134);
+    EXPECT_NEAR(p.rate(), (16u << 20) / 0.134, 1.0);
+    EXPECT_GT(p.cap(), us(950));
+    EXPECT_LT(p.cap(), us(1100));
+    // A transfer slowed by a late peer lowers the rate by the decay only.
+    p.timed(16u << 20, 10.0);
+    EXPECT_NEAR(p.rate(), (16u << 20) / 0.134 * WaitPace::kDecay, 1.0);
+    // A faster link: the rate follows at once, the cap at its floor.
+    p.timed(64u << 20, 0.05);
+    EXPECT_EQ(p.cap(), WaitPace::kShortestCap);
+    // A slow link: the cap at its ceiling.
+    WaitPace slow;
+    slow.timed(1u << 20, 1.0);
+    EXPECT_EQ(slow.cap(), WaitPace::kLongestCap);
 }
 
 // Open MPI: mpiml asks for two TCP connections to each peer on another host

@@ -34,8 +34,8 @@ bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, i
 
 // ---- backends/mpi: counts beyond INT_MAX are sent in chunks.
 /// Quiet waits on the calling thread (GradAverager's communication thread):
-/// while on, waits test the requests with a growing sleep in between
-/// instead of MPI's polling wait, so the core goes to the computation, and a
+/// while on, waits test the requests with a growing sleep in between (paced
+/// as backends/mpi/pace.hpp says) instead of MPI's polling wait, so the core goes to the computation, and a
 /// sum allreduce on MPI is summed in order (as set_ordered_sums) by
 /// nonblocking sends waited so.
 void set_quiet_waits(bool on);
@@ -46,8 +46,9 @@ void set_quiet_waits(bool on);
 /// the nodes' sums in node order (one node, or one rank a node: ((x0 + x1) +
 /// x2) + ...), instead of in MPI's order. Returns the previous setting.
 bool set_ordered_sums(bool on);
-/// MPI_Waitall, or a quiet wait when the thread asked for one.
-void wait_all(int n, MPI_Request* req, const char* call);
+/// MPI_Waitall, or a quiet wait when the thread asked for one (bytes: the
+/// larger direction's, when known, paces later quiet waits; see WaitPace).
+void wait_all(int n, MPI_Request* req, const char* call, std::size_t bytes = 0);
 void mpi_allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type,
                    int tsize, const ReduceOp& op, MPI_Comm comm, const char* call);
 /// In place: the sum, then divided by the number of ranks.

@@ -3,6 +3,7 @@
 #include "core/backend.hpp"
 #include "core/state.hpp"
 #include "core/types.hpp"
+#include "backends/mpi/pace.hpp"
 
 #include <mpiml/collectives.hpp>
 #include <mpiml/error.hpp>
@@ -29,21 +30,20 @@ constexpr std::size_t max_chunk = std::size_t{1} << 30;  // elements per MPI cal
 thread_local bool quiet = false;
 thread_local bool ordered = false;
 
-// The sleeps between two tests: short at first (a message about to complete
-// costs little), doubling up to a limit short enough that the TCP transport,
-// which moves data only inside MPI calls, still fills a 1-10 Gbit/s link.
-constexpr auto kFirstSleep = std::chrono::microseconds(20);
-constexpr auto kLongestSleep = std::chrono::microseconds(250);
+thread_local WaitPace pace;
 
-void quiet_wait(int n, MPI_Request* req, const char* call) {
-    auto pause = kFirstSleep;
+void quiet_wait(int n, MPI_Request* req, std::size_t bytes, const char* call) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto cap = pace.cap();
+    auto pause = WaitPace::kFirstSleep;
     for (;;) {
         int done = 0;
         check_mpi(MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE), call);
-        if (done) return;
+        if (done) break;
         std::this_thread::sleep_for(pause);
-        pause = std::min(pause * 2, kLongestSleep);
+        pause = std::min(pause * 2, cap);
     }
+    pace.timed(bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
 // GradAverager's sums travel on a duplicate of the user's communicator,
@@ -55,6 +55,7 @@ void quiet_wait(int n, MPI_Request* req, const char* call) {
 struct Own {
     MPI_Comm dup = MPI_COMM_NULL;
     std::vector<std::vector<int>> nodes;
+    bool one_a_node = false;  // every node has one rank: node k is rank k
 };
 std::mutex& own_mutex() {
     static auto* m = new std::mutex;
@@ -102,6 +103,8 @@ const Own& own_comm(MPI_Comm comm, const char* call) {
         if (o->nodes.size() <= static_cast<std::size_t>(node[q])) o->nodes.resize(node[q] + 1);
         o->nodes[node[q]].push_back(static_cast<int>(q));
     }
+    o->one_a_node = std::all_of(o->nodes.begin(), o->nodes.end(),
+                                [](const std::vector<int>& n) { return n.size() == 1; });
     check_mpi(MPI_Comm_dup(comm, &o->dup), call);
     std::lock_guard lock(own_mutex());
     const int rc = MPI_Comm_set_attr(comm, own_keyval, o.get());
@@ -152,21 +155,35 @@ void ordered_allreduce(char* buf, std::size_t count, MPI_Datatype type, std::siz
                     check_mpi(MPI_Irecv(in_p, static_cast<int>(in_n), type, from, tag, oc, &req.emplace_back()), call);
                 if (out_n > 0)
                     check_mpi(MPI_Isend(out_p, static_cast<int>(out_n), type, to, tag, oc, &req.emplace_back()), call);
-                wait_all(static_cast<int>(req.size()), req.data(), call);
+                wait_all(static_cast<int>(req.size()), req.data(), call,
+                         std::max(in_n, out_n) * tsize);
             }
         };
         round(1, [&](int q) { return std::pair{part(q), mine}; },
               [&](int q) { return std::pair{b + off(q) * tsize, len(q)}; });
         if (mine > 0) {
             const int n = static_cast<int>(mine);
-            std::memcpy(part(r), my, mine * tsize);
-            // x + s has the bits of s + x: each node's sum in its first part
-            for (std::size_t k = 0; k < own.nodes.size(); ++k) {
-                const std::vector<int>& node = own.nodes[k];
-                for (std::size_t j = 1; j < node.size(); ++j)
-                    check_mpi(MPI_Reduce_local(part(node[j]), part(node[0]), n, type, op), call);
-                if (k == 0) std::memcpy(my, part(node[0]), mine * tsize);
-                else check_mpi(MPI_Reduce_local(part(node[0]), my, n, type, op), call);
+            // into = from + into, which has the bits of into + from.
+            const auto fold = [&](const char* from, char* into) {
+                check_mpi(MPI_Reduce_local(from, into, n, type, op), call);
+            };
+            if (own.one_a_node) {  // ((x0 + x1) + x2) + ..., with no copies
+                if (r <= 1) {
+                    for (int q = 0; q < p; ++q)
+                        if (q != r) fold(part(q), my);
+                } else {
+                    for (int q = 1; q < r; ++q) fold(part(q), part(0));
+                    fold(part(0), my);
+                    for (int q = r + 1; q < p; ++q) fold(part(q), my);
+                }
+            } else {  // each node's sum in its first part
+                std::memcpy(part(r), my, mine * tsize);
+                for (std::size_t k = 0; k < own.nodes.size(); ++k) {
+                    const std::vector<int>& node = own.nodes[k];
+                    for (std::size_t j = 1; j < node.size(); ++j) fold(part(node[j]), part(node[0]));
+                    if (k == 0) std::memcpy(my, part(node[0]), mine * tsize);
+                    else fold(part(node[0]), my);
+                }
             }
         }
         round(2, [&](int q) { return std::pair{b + off(q) * tsize, len(q)}; },
@@ -183,8 +200,8 @@ void set_quiet_waits(bool on) { quiet = on; }
 
 bool set_ordered_sums(bool on) { return std::exchange(ordered, on); }
 
-void wait_all(int n, MPI_Request* req, const char* call) {
-    if (quiet) return quiet_wait(n, req, call);
+void wait_all(int n, MPI_Request* req, const char* call, std::size_t bytes) {
+    if (quiet) return quiet_wait(n, req, bytes, call);
     check_mpi(MPI_Waitall(n, req, MPI_STATUSES_IGNORE), call);
 }
 
