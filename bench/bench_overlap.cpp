@@ -1,8 +1,12 @@
 // GradAverager with overlap against without, on a training step of a large
-// MLP (LibTorch): zero_grad, forward, backward, the averager's call, SGD step.
+// model (LibTorch): zero_grad, forward, backward, the averager's call, SGD step.
 //
-//   mpirun -np 2 bench_overlap [--layers 8] [--width 2048] [--batch 64]
-//                              [--steps 10] [--cap-mb 25] [--threads 1]
+//   mpirun -np 2 bench_overlap [--resnet50 1 [--image 112]] [--layers 8] [--width 2048]
+//                              [--batch 64] [--steps 10] [--cap-mb 25] [--threads 1]
+//
+// The model: an MLP of --layers Linear layers --width wide (mean squared
+// error), or with --resnet50 1 a ResNet-50 (25.6 M parameters; images of
+// --image pixels a side, 1000 classes, cross entropy).
 //
 // Copies of the model take the same data, one with each averager (without
 // overlap, with overlap, with overlap and MPI's polling waits); their steps
@@ -19,11 +23,15 @@
 
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/pooling.h>
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -49,6 +57,48 @@ torch::nn::Sequential mlp(int layers, int width) {
     return s;
 }
 
+/// ResNet-50's bottleneck block: 1x1, 3x3 (stride), 1x1 convolutions with
+/// batch norm, and a projection of the input where the shape changes.
+struct BottleneckImpl : torch::nn::Module {
+    BottleneckImpl(int in, int width, int stride) {
+        namespace nn = torch::nn;
+        const int out = width * 4;
+        body = register_module(
+            "body", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, width, 1).bias(false)),
+                                   nn::BatchNorm2d(width), nn::ReLU(),
+                                   nn::Conv2d(nn::Conv2dOptions(width, width, 3).stride(stride).padding(1).bias(false)),
+                                   nn::BatchNorm2d(width), nn::ReLU(),
+                                   nn::Conv2d(nn::Conv2dOptions(width, out, 1).bias(false)),
+                                   nn::BatchNorm2d(out)));
+        if (stride != 1 || in != out)
+            down = register_module(
+                "down", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
+                                       nn::BatchNorm2d(out)));
+    }
+    torch::Tensor forward(const torch::Tensor& x) {
+        return torch::relu(body->forward(x) + (down ? down->forward(x) : x));
+    }
+    torch::nn::Sequential body{nullptr}, down{nullptr};
+};
+TORCH_MODULE(Bottleneck);
+
+torch::nn::Sequential resnet50() {
+    namespace nn = torch::nn;
+    torch::manual_seed(3);
+    nn::Sequential s(nn::Conv2d(nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false)),
+                     nn::BatchNorm2d(64), nn::ReLU(), nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1)));
+    int in = 64;
+    for (auto [width, blocks, stride] : {std::array{64, 3, 1}, {128, 4, 2}, {256, 6, 2}, {512, 3, 2}})
+        for (int b = 0; b < blocks; ++b) {
+            s->push_back(Bottleneck(in, width, b == 0 ? stride : 1));
+            in = width * 4;
+        }
+    s->push_back(nn::AdaptiveAvgPool2d(1));
+    s->push_back(nn::Flatten());
+    s->push_back(nn::Linear(in, 1000));
+    return s;
+}
+
 double now() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -64,6 +114,8 @@ int main(int argc, char** argv) {
     mpiml::SessionOptions so;
     so.thread_level = MPI_THREAD_SERIALIZED;  // overlap's communication thread
     mpiml::Session session(argc, argv, so);
+    const bool resnet = arg(argc, argv, "--resnet50", 0) != 0;
+    const int image = static_cast<int>(arg(argc, argv, "--image", 112));
     const int layers = static_cast<int>(arg(argc, argv, "--layers", 8));
     const int width = static_cast<int>(arg(argc, argv, "--width", 2048));
     const int batch = static_cast<int>(arg(argc, argv, "--batch", 64));
@@ -72,8 +124,8 @@ int main(int argc, char** argv) {
     torch::set_num_threads(static_cast<int>(arg(argc, argv, "--threads", 1)));
     const int rank = session.rank();
 
-    auto plain = mlp(layers, width), over = mlp(layers, width), poll = mlp(layers, width),
-         bare = mlp(layers, width);
+    auto model = [&] { return resnet ? resnet50() : mlp(layers, width); };
+    auto plain = model(), over = model(), poll = model(), bare = model();
     mpiml::AvgGradsOptions o;
     o.bucket_cap_bytes = static_cast<std::size_t>(cap_mb * (1 << 20));
     mpiml::GradAverager plain_avg(plain, o);
@@ -89,13 +141,18 @@ int main(int argc, char** argv) {
     torch::manual_seed(100 + rank);
     std::vector<double> t_plain, t_over, t_poll, t_bare, t_avg, t_left, t_poll_left;
     for (int step = -1; step < steps; ++step) {  // step -1: warm-up
-        const auto x = torch::randn({batch, width}), y = torch::randn({batch, width});
+        const auto x = resnet ? torch::randn({batch, 3, image, image}) : torch::randn({batch, width});
+        const auto y = resnet ? torch::randint(1000, {batch}) : torch::randn({batch, width});
+        auto loss = [&](const torch::Tensor& out) {
+            return resnet ? torch::nn::functional::cross_entropy(out, y)
+                          : torch::nn::functional::mse_loss(out, y);
+        };
         auto run = [&](torch::nn::Sequential& m, torch::optim::SGD& opt, mpiml::GradAverager* avg,
                        std::vector<double>& out, std::vector<double>* avg_only) {
             MPI_Barrier(MPI_COMM_WORLD);
             const double t0 = now();
             opt.zero_grad();
-            torch::nn::functional::mse_loss(m->forward(x), y).backward();
+            loss(m->forward(x)).backward();
             const double t1 = now();
             if (avg) (*avg)();
             const double t2 = now();
@@ -119,9 +176,12 @@ int main(int argc, char** argv) {
     MPI_Allreduce(MPI_IN_PLACE, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rank == 0) {
         const double p = median(t_plain), v = median(t_over);
-        std::printf("# bench_overlap: %d ranks, MLP %d x (%d x %d), %.1f M float32 (%.0f MiB), batch %d/rank, "
+        const std::string what = resnet ? "ResNet-50, images " + std::to_string(image) + " x " + std::to_string(image)
+                                        : "MLP " + std::to_string(layers) + " x (" + std::to_string(width) + " x " +
+                                              std::to_string(width) + ")";
+        std::printf("# bench_overlap: %d ranks, %s, %.1f M float32 (%.0f MiB), batch %d/rank, "
                     "%d steps, cap %.0f MiB, %d intra-op threads\n",
-                    session.size(), layers, width, width, params / 1e6, params * 4.0 / (1 << 20), batch,
+                    session.size(), what.c_str(), params / 1e6, params * 4.0 / (1 << 20), batch,
                     steps, cap_mb, torch::get_num_threads());
         std::printf("step without averaging (compute only)   %8.1f ms\n", median(t_bare) * 1e3);
         std::printf("averaging alone (call after backward)   %8.1f ms\n", median(t_avg) * 1e3);

@@ -1,9 +1,9 @@
 """GradAverager(overlap=True) against GradAverager() and PyTorch DDP (on Gloo
 and on the "mpiml" torch.distributed backend), on the training step of the
-same large MLP as bench_overlap.cpp, from Python.
+same large model as bench_overlap.cpp, from Python.
 
-  mpirun -np 2 /usr/bin/python3 bench/bench_overlap.py [--layers=8] [--width=2048]
-      [--batch=64] [--steps=10] [--threads=1]
+  mpirun -np 2 /usr/bin/python3 bench/bench_overlap.py [--resnet50=1 [--image=112]]
+      [--layers=8] [--width=2048] [--batch=64] [--steps=10] [--threads=1]
 
 Every variant has its own copy of the model and takes the same data; their
 steps (zero_grad, forward, backward, the averager's call, SGD step) alternate
@@ -37,6 +37,36 @@ def mlp(layers, width):
     return nn.Sequential(*mods)
 
 
+class Bottleneck(nn.Module):
+    """ResNet-50's block, as bench_overlap.cpp builds it."""
+
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        cout = width * 4
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+            nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + (x if self.down is None else self.down(x)))
+
+
+def resnet50():
+    torch.manual_seed(3)
+    mods = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
+    cin = 64
+    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+        for b in range(blocks):
+            mods.append(Bottleneck(cin, width, stride if b == 0 else 1))
+            cin = width * 4
+    mods += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 1000)]
+    return nn.Sequential(*mods)
+
+
 def slowest(t):
     x = torch.tensor([t], dtype=torch.float64)
     dist.all_reduce(x, op=dist.ReduceOp.MAX)
@@ -45,6 +75,11 @@ def slowest(t):
 
 def main():
     layers, width = int(common.arg("layers", 8)), int(common.arg("width", 2048))
+    resnet, image = int(common.arg("resnet50", 0)) != 0, int(common.arg("image", 112))
+
+    def model():
+        return resnet50() if resnet else mlp(layers, width)
+
     batch, steps = int(common.arg("batch", 64)), int(common.arg("steps", 10))
     torch.set_num_threads(int(common.arg("threads", 1)))
     mpiml.torch.init_process_group(timeout=datetime.timedelta(seconds=600))
@@ -52,24 +87,29 @@ def main():
     gloo = dist.new_group(backend="gloo")
 
     variants = {}  # name: (module to run, call after backward or None)
-    m = mlp(layers, width)
+    m = model()
     variants["compute only"] = (m, None)
-    m = mlp(layers, width)
+    m = model()
     variants["GradAverager"] = (m, mp.GradAverager(m))
-    m = mlp(layers, width)
+    m = model()
     variants["GradAverager overlap"] = (m, mp.GradAverager(m, overlap=True))
-    variants["DDP gloo"] = (DDP(mlp(layers, width), process_group=gloo), None)
-    variants["DDP mpiml"] = (DDP(mlp(layers, width)), None)
+    variants["DDP gloo"] = (DDP(model(), process_group=gloo), None)
+    variants["DDP mpiml"] = (DDP(model()), None)
     opts = {k: torch.optim.SGD(v[0].parameters(), lr=1e-3) for k, v in variants.items()}
     times = {k: [] for k in variants}
     torch.manual_seed(100 + rank)
     for step in range(-1, steps):  # -1: warm-up
-        x, y = torch.randn(batch, width), torch.randn(batch, width)
+        if resnet:
+            x, y = torch.randn(batch, 3, image, image), torch.randint(0, 1000, (batch,))
+            loss = nn.functional.cross_entropy
+        else:
+            x, y = torch.randn(batch, width), torch.randn(batch, width)
+            loss = nn.functional.mse_loss
         for k, (model, avg) in variants.items():
             dist.barrier()
             t0 = time.perf_counter()
             opts[k].zero_grad()
-            nn.functional.mse_loss(model(x), y).backward()
+            loss(model(x), y).backward()
             if avg is not None:
                 avg()
             opts[k].step()
@@ -81,7 +121,8 @@ def main():
     b = [p for p in variants["GradAverager overlap"][0].parameters()]
     same = all(torch.equal(p, q) for p, q in zip(a, b))
     if rank == 0:
-        print(f"# bench_overlap.py: {n} ranks, MLP {layers} x ({width} x {width}), "
+        what = f"ResNet-50, images {image} x {image}" if resnet else f"MLP {layers} x ({width} x {width})"
+        print(f"# bench_overlap.py: {n} ranks, {what}, "
               f"{params / 1e6:.1f} M float32, batch {batch}/rank, {steps} steps, "
               f"{torch.get_num_threads()} intra-op threads, torch {torch.__version__}")
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
