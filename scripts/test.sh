@@ -88,11 +88,12 @@ fi
 stage "watchdog, profiler, GradAverager's overlap and the torch.distributed backend (its pytest cases) under ThreadSanitizer"
 tsan=$root/build-tsan
 # LibTorch and Python are not instrumented (ignored as Open MPI is); mpiml,
-# mpiml::torch and the extensions _core and _c10d are (python/tests/tsan.cmake).
+# mpiml::torch and the extensions are (python/tests/tsan.cmake); the pytest
+# cases import the package installed from this build, so all that is installed is built.
 if cmake -S "$root" -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMPIML_SANITIZE_THREAD=ON -DMPIML_WITH_TORCH=ON \
      -DMPIML_WITH_PYTHON=ON -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF > "$tsan-configure.log" 2>&1 &&
    cmake --build "$tsan" -j"$(nproc)" --target test_watchdog test_profile test_torch_overlap test_worker_queue \
-     _core _c10d > "$tsan-build.log" 2>&1; then
+     _core _c10d _torch mpiml-run mpiml-report > "$tsan-build.log" 2>&1; then
   # Open MPI is not built with TSan: its modules are ignored, its own locking suppressed.
   log=$tsan/ctest.log
   OMPI_MCA_btl=self,vader OMPI_MCA_mca_base_component_disable_dlclose=1 \

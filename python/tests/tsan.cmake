@@ -2,8 +2,9 @@
 # MPIML_SANITIZE_THREAD; scripts/test.sh builds only _core and _c10d there).
 # /usr/bin/python3 is not instrumented, so every rank preloads the TSan
 # runtime (without it, importing an instrumented extension fails: "cannot
-# allocate memory in static TLS block") and imports the package from the
-# build tree. pytest leaves fd 2 alone (--capture=sys): a report reaches the
+# allocate memory in static TLS block") and imports the installed package
+# (the fixture python_install installs this build into its install/ first,
+# so scripts/test.sh builds every installed target). pytest leaves fd 2 alone (--capture=sys): a report reaches the
 # log before halt_on_error ends the rank. A report also fails a case whose
 # exit status is not checked. Open MPI's launcher: -x passes LD_PRELOAD to
 # the ranks only, not to mpirun.
@@ -12,7 +13,7 @@ if(MPIML_SANITIZE_THREAD AND TARGET _c10d AND MPIML_MPI_VENDOR STREQUAL "Open MP
     OUTPUT_VARIABLE _tsan_rt OUTPUT_STRIP_TRAILING_WHITESPACE)
   file(REAL_PATH "${_tsan_rt}" _tsan_rt)
   set(_tsan_env
-    "PYTHONPATH=${CMAKE_CURRENT_BINARY_DIR}" PYTHONDONTWRITEBYTECODE=1 MPIML_TIMEOUT=60
+    "PYTHONPATH=${MPIML_PY_TEST_PATH}" PYTHONDONTWRITEBYTECODE=1 MPIML_TIMEOUT=60
     "MPIML_REPORT_DIR=${CMAKE_CURRENT_BINARY_DIR}/mpiml-reports"
     # Open MPI is not instrumented: no dlclose of its modules (full stacks for the suppressions).
     OMPI_MCA_btl=self,vader OMPI_MCA_mca_base_component_disable_dlclose=1
@@ -26,6 +27,7 @@ if(MPIML_SANITIZE_THREAD AND TARGET _c10d AND MPIML_MPI_VENDOR STREQUAL "Open MP
               ${Python_EXECUTABLE} ${T_COMMAND}
       WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/tests)
     set_tests_properties(tsan_${T_NAME}.np2 PROPERTIES TIMEOUT ${T_TIMEOUT} PROCESSORS 1
+      FIXTURES_REQUIRED mpiml_python
       LABELS "mpi;python;c10d;tsan" ENVIRONMENT "${_tsan_env}"
       FAIL_REGULAR_EXPRESSION "WARNING: ThreadSanitizer")
     if(T_PASS)
