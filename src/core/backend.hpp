@@ -35,9 +35,9 @@ bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, i
 // ---- backends/mpi: counts beyond INT_MAX are sent in chunks.
 /// Quiet waits on the calling thread (GradAverager's communication thread):
 /// while on, waits test the requests with a growing sleep in between (paced
-/// as backends/mpi/pace.hpp says) instead of MPI's polling wait, so the core goes to the computation, and a
-/// sum allreduce on MPI is summed in order (as set_ordered_sums) by
-/// nonblocking sends waited so.
+/// as backends/mpi/pace.hpp says) instead of MPI's polling wait, so the core
+/// goes to the computation, and a sum allreduce on MPI is summed in order (as
+/// set_ordered_sums) by nonblocking sends waited so.
 void set_quiet_waits(bool on);
 /// Sums in the shared-memory path's order on the calling thread
 /// (GradAverager's averaging): while on, an in-place sum allreduce on MPI of

@@ -30,7 +30,7 @@ constexpr std::size_t max_chunk = std::size_t{1} << 30;  // elements per MPI cal
 thread_local bool quiet = false;
 thread_local bool ordered = false;
 
-thread_local WaitPace pace;
+thread_local WaitPace pace;  // the longest sleep of this thread's quiet waits
 
 void quiet_wait(int n, MPI_Request* req, std::size_t bytes, const char* call) {
     const auto start = std::chrono::steady_clock::now();
