@@ -62,7 +62,7 @@ binary_case() {
   [ "$t" = test_torch_overlap ] && filter=(--gtest_filter='TorchOverlap.Equals*:TorchOverlap.Gradient*:TorchOverlap.MpiPath*:TorchOverlap.FixedOrder*')
   timeout 400 "$cl" run -np "$np" --host "$layout" "$build/tests/$t" "${filter[@]}" > "$log/$name.log" 2>&1
   rc=$?
-  [ $rc -eq 0 ] && [ "$(grep -c 'PASSED' "$log/$name.log")" -ge "$np" ] || rc=1
+  [ $rc -eq 0 ] && [ "$(grep -o 'PASSED' "$log/$name.log" | wc -l)" -ge "$np" ] || rc=1
   hosts_empty >> "$log/$name.log" || rc=1
   result "$name" $rc "($(secs "$t0") s)"
 }
@@ -207,7 +207,7 @@ elif [ -x "$mpich_build/tests/test_core" ] && command -v mpiexec.mpich > /dev/nu
       # bits themselves differ from Open MPI's where MPI_Allreduce reduces
       grep -q '^cluster_hash: [0-9a-f]* nodes=2 hosts=h1,h1,h2,h2$' "$log/$name.log" || rc=1
     else
-      [ $rc -eq 0 ] && [ "$(grep -c 'PASSED' "$log/$name.log")" -ge 4 ] || rc=1
+      [ $rc -eq 0 ] && [ "$(grep -o 'PASSED' "$log/$name.log" | wc -l)" -ge 4 ] || rc=1
     fi
     hosts_empty >> "$log/$name.log" || rc=1
     result "$name" $rc "($(secs "$t0") s)"

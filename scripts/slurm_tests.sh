@@ -129,9 +129,11 @@ if [ -d "$pypath/mpiml" ]; then
   jid=$(sl sbatch --parsable -N 2 -n 4 -o "$log/$name.log" "$log/fork_job.sh")
   wait_job "$jid" 120 > "$log/$name.wait"
   rc=$?
-  [ $rc -eq 0 ] && [ "$(grep -cE '^fork_in_allocation: rank [0-3]/4 on h1$' "$log/$name.log")" -eq 4 ] &&
-    [ "$(grep -cE '^fork_in_allocation: rank [0-3]/4 on h2$' "$log/$name.log")" -eq 4 ] &&
-    [ "$(grep -c '^fork_in_allocation:' "$log/$name.log")" -eq 8 ]
+  # each rank's line counted wherever it is (a launcher may put two ranks'
+  # output on one line)
+  [ $rc -eq 0 ] && [ "$(grep -oE 'fork_in_allocation: rank [0-3]/4 on h1' "$log/$name.log" | wc -l)" -eq 4 ] &&
+    [ "$(grep -oE 'fork_in_allocation: rank [0-3]/4 on h2' "$log/$name.log" | wc -l)" -eq 4 ] &&
+    [ "$(grep -o 'fork_in_allocation:' "$log/$name.log" | wc -l)" -eq 8 ]
   rc=$?
   settled >> "$log/$name.log" || rc=1
   result $name $rc "($(secs "$t0") s)"
@@ -226,9 +228,12 @@ jid=$(sl sbatch --parsable -N 2 -n 4 -o "$log/$name.log" "$log/restart_job.sh")
 wait_job "$jid" 300 > "$log/$name.wait"
 rc=$?
 cat "$log/$name.wait" >> "$log/$name.log"
-grep -Eq "mpiml-run: attempt 1 of 2 failed with status [0-9]+ \\(rank 3/4 host h2: MPIML_INJECT: kill" "$log/$name.log" &&
-  grep -q "^mpiml-ppo: resuming from .* saved by 4 ranks" "$log/$name.log" &&
-  [ "$(awk 'END { print $1 }' "$log/restart_out/progress.txt")" = 2 ] || rc=1
+for re in "mpiml-run: attempt 1 of 2 failed with status [0-9]+ \\(rank 3/4 host h2: MPIML_INJECT: kill" \
+  "^mpiml-ppo: resuming from .* saved by 4 ranks"; do
+  grep -Eq "$re" "$log/$name.log" || { echo "---- no line matches: $re" >> "$log/$name.log"; rc=1; }
+done
+last=$(awk 'END { print $1 }' "$log/restart_out/progress.txt" 2> /dev/null)
+[ "$last" = 2 ] || { echo "---- progress.txt ends at epoch '$last', not 2" >> "$log/$name.log"; rc=1; }
 settled >> "$log/$name.log" || rc=1
 result $name $rc "($(secs "$t0") s)"
 

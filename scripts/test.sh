@@ -140,6 +140,11 @@ if [ "$failed" -gt 0 ]; then
   for log in "$root"/build/ctest-*.log "$root"/build-mpich/ctest-*.log "$root"/build-asan/ctest.log "$root"/build-tsan/ctest.log; do
     [ -f "$log" ] && grep -q "tests FAILED" "$log" && failed_output "$log"
   done
+  # the cluster and Slurm scripts name each failed case's log
+  for f in $(sed -n 's/^  FAIL .*(log: \(.*\))$/\1/p' "$root"/build/cluster-tests.log "$root"/build/slurm-tests.log 2> /dev/null); do
+    echo "---- $f (last 60 lines)"
+    tail -n 60 "$f" 2> /dev/null
+  done
 fi
 
 echo
