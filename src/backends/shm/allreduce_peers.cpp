@@ -158,8 +158,16 @@ void run_allreduce_peers(ShmContext& c, const char* send, char* recv, std::size_
                 std::memcpy(shared, e.out, e.len * ts);
             }
         }
-        if (t == 0) checked_barrier(c, sig, call);
-        else c.barrier();
+        if (t == 0) {
+            checked_barrier(c, sig, call);
+        } else if (pair) {
+            c.barrier([&] {
+                int done = 0;
+                for (auto& x : ex) check_mpi(MPI_Testall(2, x.req, &done, MPI_STATUSES_IGNORE), call);
+            });
+        } else {
+            c.barrier();
+        }
         if (reduce) {
             const std::size_t o = sl.off(me) * ts, len = sl.len(me);
             for (int q = 0; q < p; ++q) in[q] = q == me ? s + o : c.set(q) + o;

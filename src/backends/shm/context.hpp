@@ -95,7 +95,14 @@ struct ShmContext {
     // non-zero, so the uncontended path stays a store. Store-then-load on
     // both sides (seq_cst) means either the waiter sees the new epoch or the
     // arriving rank sees the waiter; FUTEX_WAIT re-checks the word itself.
-    void barrier() {
+    void barrier() { barrier([] {}, false); }
+
+    // The same for a rank with MPI transfers in flight to another node:
+    // poke() drives them while it waits (every kPokeTime once asleep). MPI
+    // moves data only inside MPI calls, and the peer on the other node may
+    // wait for this rank's part while its own node partner waits for it.
+    template <class Poke>
+    void barrier(Poke&& poke, bool pokes = true) {
         ++epoch;
         std::atomic_ref<std::uint64_t>(*flag[node_rank]).store(epoch, std::memory_order_seq_cst);
         if (std::atomic_ref<std::uint32_t>(*waiters(node_rank)).load(std::memory_order_seq_cst) != 0)
@@ -113,9 +120,10 @@ struct ShmContext {
                 if (spins == spin_limit) {
                     yielding = now;
                 } else if (now - yielding > kYieldTime) {
-                    sleep_on(q);
+                    sleep_on(q, poke, pokes);
                     break;
                 }
+                if (pokes) poke();
                 sched_yield();
             }
         }
@@ -135,21 +143,25 @@ struct ShmContext {
         // Not FUTEX_PRIVATE: the word is in memory shared between processes.
         syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
     }
-    // Blocks until peer q's flag reaches epoch. The timeout is only a safety
-    // net; a job stuck here is ended by the watchdog, from its own thread.
-    void sleep_on(int q) {
+    // Blocks until peer q's flag reaches epoch. The timeout is a safety net
+    // (a job stuck here is ended by the watchdog, from its own thread), or
+    // the time between two pokes.
+    template <class Poke>
+    void sleep_on(int q, Poke& poke, bool pokes) {
         std::atomic_ref<std::uint64_t> f(*flag[q]);
         std::atomic_ref<std::uint32_t> w(*waiters(q));
         w.fetch_add(1, std::memory_order_seq_cst);
         for (;;) {
             const std::uint64_t v = f.load(std::memory_order_seq_cst);
             if (v >= epoch) break;
-            const timespec limit{0, 50'000'000};
+            const timespec limit{0, pokes ? kPokeTime : 50'000'000};
             syscall(SYS_futex, futex_word(q), FUTEX_WAIT, static_cast<std::uint32_t>(v), &limit,
                     nullptr, 0);
+            if (pokes) poke();
         }
         w.fetch_sub(1, std::memory_order_relaxed);
     }
+    static constexpr long kPokeTime = 500'000;  // ns
 
     void release() noexcept {
         if (!alive) return;
