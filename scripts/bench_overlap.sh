@@ -10,9 +10,7 @@
 # ResNet-50, 25.6 M parameters, 97 MiB of gradients, backward about as long as
 # their averaging across hosts on an otherwise idle test machine; the MLP of
 # the same size: "--layers 8 --width 2048 --batch 1024 --steps 6").
-# MPIFLAGS: extra mpirun flags for every run (default "--mca btl_tcp_links 2":
-# two TCP connections between the hosts, as BENCHMARKS.md measured; "" for
-# Open MPI's one).
+# MPIFLAGS: extra mpirun flags for every run (e.g. "--mca mpi_yield_when_idle 1").
 # MPIML_CLUSTER_DIR / MPIML_CLUSTER_PREFIX: a cluster of its own next to another.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,7 +18,7 @@ build=$(cd "${1:-$root/build}" && pwd)
 cl=$root/scripts/cluster.sh
 shape=${SHAPE:-tbf rate 1gbit burst 256kb latency 20ms}
 args=${ARGS:---resnet50 1 --image 112 --batch 16 --steps 6}
-mpiflags=${MPIFLAGS---mca btl_tcp_links 2}
+mpiflags=${MPIFLAGS:-}
 pyargs=$(echo "$args" | sed -E 's/--([a-z0-9]+) ([0-9]+)/--\1=\2/g')
 py=/usr/bin/python3
 export PYTHONPATH=$build/install/lib/python3.11/dist-packages

@@ -327,15 +327,15 @@ TEST(Core, QuietWaitPace) {
     EXPECT_EQ(slow.cap(), WaitPace::kLongestCap);
 }
 
-// Open MPI: mpiml leaves btl_tcp_links to the job (MPIML_TEST_TCP_LINKS: the
-// value the launch chose; Open MPI's default is 1: several connections to a
-// peer hung a large exchange now and then). Read back through MPI_T.
+// Open MPI: mpiml asks for two TCP connections to each peer on another host
+// unless the job set btl_tcp_links (MPIML_TEST_TCP_LINKS: the value the
+// launch chose). Read back through MPI_T, as Open MPI itself sees it.
 TEST(Core, OpenMpiTcpLinks) {
 #ifndef OPEN_MPI
     GTEST_SKIP() << "Open MPI only";
 #else
     const char* want_s = std::getenv("MPIML_TEST_TCP_LINKS");
-    const unsigned want = want_s ? static_cast<unsigned>(std::stoul(want_s)) : 1U;
+    const unsigned want = want_s ? static_cast<unsigned>(std::stoul(want_s)) : 2U;
     int provided = 0;
     ASSERT_EQ(MPI_T_init_thread(MPI_THREAD_SINGLE, &provided), MPI_SUCCESS);
     int index = -1;

@@ -50,6 +50,14 @@ int on_self_delete(MPI_Comm, int, void*, void*) {
 
 void atexit_finalize() { mpiml::finalize(); }
 
+// Open MPI between hosts: two TCP connections to each peer unless the user
+// chose (mpirun --mca btl_tcp_links N sets this variable). Over one, large
+// messages often moved at half the link's rate (BENCHMARKS.md, overlap).
+void prefer_tcp_links() {
+#ifdef OPEN_MPI
+    setenv("OMPI_MCA_btl_tcp_links", "2", /*overwrite=*/0);
+#endif
+}
 // Registered after atexit_finalize, so it runs first and the guard knows the status.
 void record_exit_status(int status, void*) { set_exit_status(status); }
 
@@ -62,6 +70,7 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
     if (flag) fail(call, "MPI has been finalized; no mpiml call may follow MPI_Finalize");
     MPI_Initialized(&flag);
     if (!flag) {
+        prefer_tcp_links();
         check_mpi(MPI_Init_thread(argc, argv, opts.thread_level, &s.provided), "MPI_Init_thread");
         s.we_initialized = true;
         std::atexit(atexit_finalize);
