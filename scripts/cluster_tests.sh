@@ -98,10 +98,12 @@ fc=$build/tests/fault_child
 fault_case() {
   local name=$1 limit=$2 regex=$3 mode=$4 faulty=$5 action=${6:-}
   picked "fault.$name" || return 0
-  bash "$root/tests/run_fault_case.sh" "$mpirun_cl" "${fault_hosts:---host h1:2,h2:2}" "${fault_prog:-$fc}" "${fault_np:-4}" "$mode" "$faulty" \
+  local mark=$log/fault.$name.mark  # when the fault came (tests/fault_mark.hpp)
+  rm -f "$mark"
+  MPIML_FAULT_MARK=$mark bash "$root/tests/run_fault_case.sh" "$mpirun_cl" "${fault_hosts:---host h1:2,h2:2}" "${fault_prog:-$fc}" "${fault_np:-4}" "$mode" "$faulty" \
     "$limit" "$regex" > "$log/fault.$name.log" 2>&1 &
   local job=$!
-  if [ -n "$action" ]; then sleep 3; eval "$action" >> "$log/fault.$name.log" 2>&1; fi
+  if [ -n "$action" ]; then sleep 3; date +%s.%N >> "$mark"; eval "$action" >> "$log/fault.$name.log" 2>&1; fi
   wait $job
   local rc=$?
   ip -n "${ns}h2" link set eth0 up

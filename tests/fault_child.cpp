@@ -3,6 +3,8 @@
 // with a non-zero status and a message naming the rank, never hang.
 #include <mpiml/mpiml.hpp>
 
+#include "fault_mark.hpp"
+
 #include <unistd.h>
 
 #include <csignal>
@@ -25,8 +27,10 @@ void step(int i) {
 int body(const std::string& mode, int faulty) {
     const int rank = mpiml::proc_id();
     const bool me = rank == faulty;
+    if (me && mode == "throw_before") fault_mark();
     if (mode == "throw_before" && me) throw std::runtime_error("injected failure before any collective");
     step(0);
+    if (me) fault_mark();  // every other fault of this rank comes after this point
     if (mode == "throw_between" && me) throw std::runtime_error("injected failure between collectives");
     if (mode == "abort" && me) std::abort();
     if (mode == "segv" && me) *null_ptr = 1;

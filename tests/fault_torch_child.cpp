@@ -12,6 +12,8 @@
 #include <mpiml/mpiml.hpp>
 #include <mpiml/torch.hpp>
 
+#include "fault_mark.hpp"
+
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
@@ -43,6 +45,7 @@ int body(const std::string& mode, int faulty) {
         // buckets are on their way when this rank fails.
         net[0]->as<torch::nn::Linear>()->weight.register_hook([&](const torch::Tensor& g) {
             if (step != 2) return g;
+            fault_mark();
             if (mode == "exit_inside") {
                 ::usleep(300 * 1000);  // the communication thread is in the first bucket's allreduce
                 std::exit(3);

@@ -5,6 +5,8 @@
 //   hang_child mismatch  rank 1 passes another count (MPIML_CHECK=1)
 #include <mpiml/mpiml.hpp>
 
+#include "fault_mark.hpp"
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -44,7 +46,10 @@ int main(int argc, char** argv) {
             return 0;
         }
         const double late = mode == "demand" && argc > 2 ? std::atof(argv[2]) : 60.0;
-        if (rank == (mode == "hang" && argc > 2 ? std::atoi(argv[2]) : 2)) sleepy_rank_work(late);
+        if (rank == (mode == "hang" && argc > 2 ? std::atoi(argv[2]) : 2)) {
+            fault_mark();
+            sleepy_rank_work(late);
+        }
         mpiml::barrier();  // WAIT-LINE
         if (rank == 0) std::printf("hang_child: %s done\n", mode.c_str());
         return 0;
