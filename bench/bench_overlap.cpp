@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
     for (const auto& p : plain->parameters()) params += p.numel();
 
     torch::manual_seed(100 + rank);
-    std::vector<double> t_plain, t_over, t_poll, t_bare, t_avg, t_left, t_poll_left;
+    std::vector<double> t_plain, t_over, t_poll, t_bare, t_back, t_avg, t_left, t_poll_left;
     for (int step = -1; step < steps; ++step) {  // step -1: warm-up
         const auto x = resnet ? torch::randn({batch, 3, image, image}) : torch::randn({batch, width});
         const auto y = resnet ? torch::randint(1000, {batch}) : torch::randn({batch, width});
@@ -152,8 +152,11 @@ int main(int argc, char** argv) {
             MPI_Barrier(MPI_COMM_WORLD);
             const double t0 = now();
             opt.zero_grad();
-            loss(m->forward(x)).backward();
+            const auto l = loss(m->forward(x));
+            const double tf = now();
+            l.backward();
             const double t1 = now();
+            if (!avg && step >= 0) t_back.push_back(bench::max_over_ranks(t1 - tf));
             if (avg) (*avg)();
             const double t2 = now();
             opt.step();
@@ -184,6 +187,7 @@ int main(int argc, char** argv) {
                     session.size(), what.c_str(), params / 1e6, params * 4.0 / (1 << 20), batch,
                     steps, cap_mb, torch::get_num_threads());
         std::printf("step without averaging (compute only)   %8.1f ms\n", median(t_bare) * 1e3);
+        std::printf("  of which backward()                   %8.1f ms\n", median(t_back) * 1e3);
         std::printf("averaging alone (call after backward)   %8.1f ms\n", median(t_avg) * 1e3);
         std::printf("left at the call with overlap           %8.1f ms\n", median(t_left) * 1e3);
         std::printf("step, GradAverager without overlap      %8.1f ms\n", p * 1e3);

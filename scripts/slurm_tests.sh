@@ -73,17 +73,41 @@ settled() {
   sl scontrol update NodeName=h1,h2 State=RESUME > /dev/null 2>&1
   return 1
 }
+# Open MPI 4.1.4 under srun --mpi=pmix now and then crashes a task inside
+# MPI_Init (docs/CLUSTER.md, "Known problems"): srun reports the task's
+# segmentation fault, and no rank printed mpiml's fatal-signal line, which
+# mpiml's handler prints for any crash from the end of MPI_Init on.
+startup_crash() {
+  grep -qE "task [0-9]+: Segmentation fault" "$1" && ! grep -qE "\[mpiml\] rank [0-9]+/[0-9]+: fatal signal" "$1"
+}
+# again name log case-function [args]: runs the case, and once more when it
+# failed on that start-up crash (the first log kept as log.crashed). The
+# function sets rc (0: passed) and detail.
+again() {
+  local name=$1 f=$2
+  shift 2
+  "$@"
+  if [ "$rc" -ne 0 ] && startup_crash "$f"; then
+    echo "  note  $name: a task crashed inside MPI_Init (Open MPI under srun); the case runs once more"
+    mv "$f" "$f.crashed"
+    "$@"
+  fi
+}
 # srun_case name timeout check-regex count srun-args...: passes when srun
 # exits 0 and check-regex matches at least count lines
-srun_case() {
-  local name=$1 limit=$2 regex=$3 count=$4 t0 rc
+srun_once() {
+  local name=$1 limit=$2 regex=$3 count=$4 t0
   shift 4
   t0=$(date +%s.%N)
   timeout "$limit" "$cl" slurm srun "$@" > "$log/$name.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] && [ "$(grep -cE -- "$regex" "$log/$name.log")" -ge "$count" ] || rc=1
   settled >> "$log/$name.log" || rc=1
-  result "$name" $rc "($(secs "$t0") s)"
+  detail="($(secs "$t0") s)"
+}
+srun_case() {
+  again "$1" "$log/$1.log" srun_once "$@"
+  result "$1" $rc "$detail"
 }
 
 echo "-- sinfo"
@@ -124,6 +148,7 @@ if [ -d "$pypath/mpiml" ]; then
   # in a batch script: mpi_fork starts 4 ranks over the allocation, with
   # Open MPI's mpirun and with srun (MPIML_MPIRUN=srun)
   name=fork.sbatch
+  fork_sbatch() {
   t0=$(date +%s.%N)
   printf '#!/bin/bash\n/usr/bin/python3 %s 4\nMPIML_MPIRUN=srun /usr/bin/python3 %s 4\n' "$fork" "$fork" > "$log/fork_job.sh"
   jid=$(sl sbatch --parsable -N 2 -n 4 -o "$log/$name.log" "$log/fork_job.sh")
@@ -136,7 +161,10 @@ if [ -d "$pypath/mpiml" ]; then
     [ "$(grep -o 'fork_in_allocation:' "$log/$name.log" | wc -l)" -eq 8 ]
   rc=$?
   settled >> "$log/$name.log" || rc=1
-  result $name $rc "($(secs "$t0") s)"
+  detail="($(secs "$t0") s)"
+  }
+  again $name "$log/$name.log" fork_sbatch
+  result $name $rc "$detail"
 else
   echo "  skip  pytest, c10d, mpi_fork (no Python package in $pypath: ctest -R python_install)"
 fi
@@ -153,8 +181,8 @@ echo "-- faults (MPIML_TIMEOUT=3): each ends the job non-zero within its limit, 
 export MPIML_TIMEOUT=3
 fc=$build/tests/fault_child
 # fault_case name limit regex mode faulty [action after 4 s]
-fault_case() {
-  local name=$1 limit=$2 regex=$3 mode=$4 faulty=$5 action=${6:-} t0 rc job el
+fault_once() {
+  local name=$1 limit=$2 regex=$3 mode=$4 faulty=$5 action=${6:-} t0 job el
   # The limit counts from the fault: the program appends the time it injects
   # it to this file (tests/fault_mark.hpp), an action its own.
   local mark=$log/fault.$name.mark
@@ -176,7 +204,11 @@ fault_case() {
   "$cl" link h2 up
   [ -e "$log/restart_slurmd" ] && { "$cl" slurmd h2 start; rm "$log/restart_slurmd"; }
   settled >> "$log/fault.$name.log" || rc=1
-  result "fault.$name" $rc "(${el} s)"
+  detail="(${el} s)"
+}
+fault_case() {
+  again "fault.$1" "$log/fault.$1.log" fault_once "$@"
+  result "fault.$1" $rc "$detail"
 }
 # srun names the task (the rank) and the node; the other ranks see their peer
 # gone and the step is ended.
@@ -190,6 +222,7 @@ fault_case h2_lost 25 "rank [01]/4: watchdog: .* every rank on this node \\(h1\\
   "touch '$log/restart_slurmd'; '$cl' slurmd h2 stop; '$cl' link h2 down"
 # h2's slurmd alone stopped: the steps it started go on (slurmstepd runs them)
 name=slurmd_stopped_on_h2
+slurmd_stopped() {
 t0=$(date +%s.%N)
 timeout 60 "$cl" slurm srun --mpi=pmix -N 2 -n 4 "$fc" ticks 0 > "$log/fault.$name.log" 2>&1 &
 job=$!
@@ -200,7 +233,10 @@ rc=$?
 grep -q "^ticks done on 4 ranks, attempt 0$" "$log/fault.$name.log" || rc=1
 "$cl" slurmd h2 start
 settled >> "$log/fault.$name.log" || rc=1
-result "fault.$name" $rc "(the job completes; $(secs "$t0") s)"
+detail="(the job completes; $(secs "$t0") s)"
+}
+again "fault.$name" "$log/fault.$name.log" slurmd_stopped
+result "fault.$name" $rc "$detail"
 unset MPIML_TIMEOUT
 # scancel: every rank of a batch job ends, on both hosts
 name=scancel
@@ -223,6 +259,8 @@ echo "-- restarts inside an allocation"
 # mpiml-run --restarts 1 with MPIML_MPIRUN=srun in a batch job: rank 3 (on h2)
 # killed at its 300th collective; attempt 2 resumes from the last checkpoint.
 name=mpiml_run_srun_restart
+srun_restart() {
+rm -rf "$log/restart_out"
 t0=$(date +%s.%N)
 cat > "$log/restart_job.sh" << EOF
 #!/bin/bash
@@ -241,11 +279,15 @@ done
 last=$(awk 'END { print $1 }' "$log/restart_out/progress.txt" 2> /dev/null)
 [ "$last" = 2 ] || { echo "---- progress.txt ends at epoch '$last', not 2" >> "$log/$name.log"; rc=1; }
 settled >> "$log/$name.log" || rc=1
-result $name $rc "($(secs "$t0") s)"
+detail="($(secs "$t0") s)"
+}
+again $name "$log/$name.log" srun_restart
+result $name $rc "$detail"
 
 # A rank killed from outside mpiml (no abort record): mpiml-run names the
 # failed attempt by srun's line for the task.
 name=mpiml_run_srun_names_the_task
+names_the_task() {
 t0=$(date +%s.%N)
 printf '#!/bin/bash\nMPIML_MPIRUN=srun %s --restarts 1 --backoff 0.5 -np 4 %s sigkill 3\n' "$build/mpiml-run" "$fc" > "$log/killed_job.sh"
 jid=$(sl sbatch --parsable -N 2 -n 4 -o "$log/$name.log" "$log/killed_job.sh")
@@ -254,7 +296,10 @@ rc=$?
 cat "$log/$name.wait" >> "$log/$name.log"
 grep -Eq "mpiml-run: attempt 1 of 2 failed with status [0-9]+ \(srun: error: h2: task 3: Killed\); restarting" "$log/$name.log" || rc=1
 settled >> "$log/$name.log" || rc=1
-result $name $rc "($(secs "$t0") s)"
+detail="($(secs "$t0") s)"
+}
+again $name "$log/$name.log" names_the_task
+result $name $rc "$detail"
 
 # The job script of docs/CLUSTER.md: sbatch, requeued (scontrol requeue) once
 # it has checkpointed epoch 2; the second run resumes and reaches the bar
@@ -262,6 +307,7 @@ result $name $rc "($(secs "$t0") s)"
 if [ "${PPO:-1}" = 1 ]; then
   echo "-- sbatch of docs/CLUSTER.md's job script (mpiml-ppo to AverageEpRet 475), requeued mid-run"
   name=sbatch_ppo
+  sbatch_ppo() {
   t0=$(date +%s.%N)
   mkdir -p "$log/job"
   awk '/^#!\/bin\/bash$/ { on = 1 } on && /^```/ { exit } on' "$root/docs/CLUSTER.md" |
@@ -287,7 +333,10 @@ if [ "${PPO:-1}" = 1 ]; then
     grep -q "^Reached AverageEpRet >= 475 in epoch" "$log/$name.log" &&
     awk -v b="${best:-0}" 'BEGIN { exit !(b >= 475) }' && [ "$lanes" = "2 h1 2 h2" ] || rc=1
   settled >> "$log/$name.log" || rc=1
-  result $name $rc "(job $jid; best AverageEpRet ${best:-none}, ranks per host ${lanes:-none}, $(secs "$t0") s)"
+  detail="(job $jid; best AverageEpRet ${best:-none}, ranks per host ${lanes:-none}, $(secs "$t0") s)"
+  }
+  again $name "$log/$name.log" sbatch_ppo
+  result $name $rc "$detail"
 fi
 
 echo "slurm tests: $passed passed, $failed failed"
