@@ -91,7 +91,7 @@ echo "-- simulated nodes (MPIML_NODE_SPLIT, one host) against real hosts, bit fo
 hash_case hash.np4 2 h1:2,h2:2 4 2
 hash_case hash.np2 1 h1:1,h2:1 2 2
 
-echo "-- faults on one host (each: non-zero exit naming the rank/host within MPIML_TIMEOUT + 10 s, nothing left)"
+echo "-- faults (each: non-zero exit naming the rank/host within its limit of the fault, nothing left)"
 export MPIML_TIMEOUT=3
 fc=$build/tests/fault_child
 # fault_case name limit regex mode faulty [action after 3 s]

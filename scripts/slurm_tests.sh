@@ -93,13 +93,13 @@ again() {
     "$@"
   fi
 }
-# srun_case name timeout check-regex count srun-args...: passes when srun
+# srun_case name timeout check-regex count srun-args...: passes when srun -K
 # exits 0 and check-regex matches at least count lines
 srun_once() {
   local name=$1 limit=$2 regex=$3 count=$4 t0
   shift 4
   t0=$(date +%s.%N)
-  timeout "$limit" "$cl" slurm srun "$@" > "$log/$name.log" 2>&1
+  timeout "$limit" "$cl" slurm srun -K "$@" > "$log/$name.log" 2>&1
   rc=$?
   [ $rc -eq 0 ] && [ "$(grep -cE -- "$regex" "$log/$name.log")" -ge "$count" ] || rc=1
   settled >> "$log/$name.log" || rc=1
