@@ -16,6 +16,7 @@
 # within 60 (seed 0 reaches it in 14 epochs; the run stops there).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/tests/fault_mark.sh"  # fault_time, fault_now
 build=$(cd "${1:-$root/build}" && pwd)
 cl=$root/scripts/cluster.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -103,7 +104,7 @@ fault_case() {
   MPIML_FAULT_MARK=$mark bash "$root/tests/run_fault_case.sh" "$mpirun_cl" "${fault_hosts:---host h1:2,h2:2}" "${fault_prog:-$fc}" "${fault_np:-4}" "$mode" "$faulty" \
     "$limit" "$regex" > "$log/fault.$name.log" 2>&1 &
   local job=$!
-  if [ -n "$action" ]; then sleep 3; date +%s.%N >> "$mark"; eval "$action" >> "$log/fault.$name.log" 2>&1; fi
+  if [ -n "$action" ]; then sleep 3; fault_now "$mark"; eval "$action" >> "$log/fault.$name.log" 2>&1; fi
   wait $job
   local rc=$?
   ip -n "${ns}h2" link set eth0 up

@@ -16,6 +16,7 @@
 # interruption. PPO=0 skips the sbatch PPO run.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/tests/fault_mark.sh"  # fault_time, fault_now
 build=$(cd "${1:-$root/build}" && pwd)
 mpich_build=${MPICH_BUILD:-$root/build-mpich}
 cl=$root/scripts/cluster.sh
@@ -190,11 +191,11 @@ fault_once() {
   t0=$(date +%s.%N)
   MPIML_FAULT_MARK=$mark timeout $((limit + 60)) "$cl" slurm srun --mpi=pmix -N 2 -n 4 "$fc" "$mode" "$faulty" > "$log/fault.$name.log" 2>&1 &
   job=$!
-  if [ -n "$action" ]; then sleep 4; date +%s.%N >> "$mark"; eval "$action" >> "$log/fault.$name.log" 2>&1; fi
+  if [ -n "$action" ]; then sleep 4; fault_now "$mark"; eval "$action" >> "$log/fault.$name.log" 2>&1; fi
   wait $job
   rc=$?
   local total; total=$(secs "$t0")
-  [ -s "$mark" ] && t0=$(sort -n "$mark" | head -1)
+  t0=$(fault_time "$mark" "$t0")
   el=$(secs "$t0")
   echo "---- exit=$rc elapsed=${el}s from the fault (limit ${limit}s; ${total}s from the launch)" >> "$log/fault.$name.log"
   [ $rc -ne 0 ] && [ $rc -ne 124 ] && awk -v e="$el" -v l="$limit" 'BEGIN { exit !(e <= l) }' &&

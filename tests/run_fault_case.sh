@@ -7,26 +7,22 @@
 # With EXPECT_OK=1: when the job ends with status 0 and its output does NOT match regex.
 # With REPORT_RANKS=n: also when the output holds the report of n ranks once, complete.
 set -u
+. "$(dirname "$0")/fault_mark.sh"
 launcher=$1 flags=$2 prog=$3 np=$4 mode=$5 faulty=$6 limit=$7 regex=$8
 shift 8
-# hang reports go to a directory of their own, removed at the end
-if [ -z "${MPIML_REPORT_DIR:-}" ]; then
-  reports=$(mktemp -d)
-  trap 'rm -rf "$reports"' EXIT
-  export MPIML_REPORT_DIR=$reports/reports
-fi
-if [ -z "${MPIML_FAULT_MARK:-}" ]; then
-  export MPIML_FAULT_MARK
-  MPIML_FAULT_MARK=$(mktemp)
-  trap 'rm -rf "${reports:-}" "$MPIML_FAULT_MARK"' EXIT
-fi
+# hang reports and the fault's mark go to a directory of their own, removed
+# at the end (a caller's MPIML_REPORT_DIR and MPIML_FAULT_MARK are kept)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export MPIML_REPORT_DIR=${MPIML_REPORT_DIR:-$tmp/reports}
+export MPIML_FAULT_MARK=${MPIML_FAULT_MARK:-$tmp/mark}
 start=$(date +%s.%N)
 # shellcheck disable=SC2086
 out=$(timeout $((limit + 30)) "$launcher" -np "$np" $flags "$prog" "$mode" "$faulty" "$@" 2>&1)
 rc=$?
 end=$(date +%s.%N)
-from=$start what=launch
-if [ -s "$MPIML_FAULT_MARK" ]; then from=$(sort -n "$MPIML_FAULT_MARK" | head -1) what=fault; fi
+from=$(fault_time "$MPIML_FAULT_MARK" "$start") what=fault
+[ "$from" = "$start" ] && what=launch
 elapsed=$(awk -v a="$from" -v b="$end" 'BEGIN { printf "%.2f", b - a }')
 total=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }')
 echo "$out" | grep -v '^\s*$' | head -40

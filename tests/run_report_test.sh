@@ -7,7 +7,7 @@
 #             their line, rank 2 in sleepy_rank_work at its line), complete
 #             and once although both waiting ranks' deadlines pass together,
 #             then each one's watchdog line, and the job ends non-zero within
-#             the deadline + 5 s (+ start-up)
+#             the deadline + 5 s of the late rank's start
 #   hang0     the same with rank 0 late (its agent answers ranks 1 and 2)
 #   signal    SIGUSR1 to the launcher while rank 2 is late: the report, and
 #             the job ends with 0
@@ -15,6 +15,7 @@
 #   mismatch  MPIML_CHECK=1, rank 1 passes another count: the error names
 #             both call sites
 set -u
+. "$(dirname "$0")/fault_mark.sh"
 launcher=$1 flags=$2 case=$3
 shift 3
 prog=("$@")
@@ -69,7 +70,7 @@ case $case in
     rc=$? ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac
-[ -s "$dir/mark" ] && start=$(sort -n "$dir/mark" | head -1)
+start=$(fault_time "$MPIML_FAULT_MARK" "$start")
 elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 cat "$dir/out"
 echo "---- case=$case exit=$rc elapsed=${elapsed}s"
