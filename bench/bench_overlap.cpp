@@ -13,7 +13,9 @@
 // alternate, so all see the same machine load. Also measured: the step
 // without any averaging (compute only) and the averaging alone (the call
 // without overlap, after backward) and what overlap leaves to the call after
-// backward(). Each figure: the median over steps of the
+// backward(), and overlap_stats(): the communication thread's time in the
+// buckets and how much of it ran before the call (the rank with the least).
+// Each figure: the median over steps of the
 // slowest rank's time. The last line says whether the copies' parameters
 // are bit-identical after the run (they must be).
 #include "bench_common.hpp"
@@ -139,7 +141,8 @@ int main(int argc, char** argv) {
     for (const auto& p : plain->parameters()) params += p.numel();
 
     torch::manual_seed(100 + rank);
-    std::vector<double> t_plain, t_over, t_poll, t_bare, t_back, t_avg, t_left, t_poll_left;
+    std::vector<double> t_plain, t_over, t_poll, t_bare, t_back, t_avg, t_left, t_poll_left,
+        t_comm, t_hidden;
     for (int step = -1; step < steps; ++step) {  // step -1: warm-up
         const auto x = resnet ? torch::randn({batch, 3, image, image}) : torch::randn({batch, width});
         const auto y = resnet ? torch::randint(1000, {batch}) : torch::randn({batch, width});
@@ -169,6 +172,11 @@ int main(int argc, char** argv) {
         };
         run(plain, plain_opt, &plain_avg, t_plain, &t_avg);
         run(over, over_opt, &over_avg, t_over, &t_left);
+        if (step >= 0) {
+            const auto st = over_avg.overlap_stats();
+            t_comm.push_back(bench::max_over_ranks(st.averaging));
+            t_hidden.push_back(-bench::max_over_ranks(-st.hidden));  // the least hidden
+        }
         run(poll, poll_opt, &poll_avg, t_poll, &t_poll_left);
         run(bare, bare_opt, nullptr, t_bare, nullptr);
     }
@@ -192,6 +200,8 @@ int main(int argc, char** argv) {
         std::printf("left at the call with overlap           %8.1f ms\n", median(t_left) * 1e3);
         std::printf("step, GradAverager without overlap      %8.1f ms\n", p * 1e3);
         std::printf("step, GradAverager with overlap         %8.1f ms\n", v * 1e3);
+        std::printf("  averaging on its thread (hidden)       %8.1f ms (%.1f ms)\n", median(t_comm) * 1e3,
+                    median(t_hidden) * 1e3);
         std::printf("speed-up with overlap                   %8.2fx\n", p / v);
         std::printf("left at the call, overlap polling       %8.1f ms\n", median(t_poll_left) * 1e3);
         std::printf("step, overlap with MPI's polling waits  %8.1f ms (%.2fx)\n", median(t_poll) * 1e3,

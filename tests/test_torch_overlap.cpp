@@ -5,7 +5,7 @@
 // gradient accumulation under no_sync(), also on MPI's path (every element
 // summed in rank order, with overlap and without, as on shared memory); the
 // plan rebuilt from the backward order; failures on the communication thread
-// surface at the call.
+// surface at the call; overlap_stats() tells hidden averaging from waited.
 #include <mpiml/mpiml.hpp>
 #include <mpiml/torch.hpp>
 
@@ -18,12 +18,14 @@
 #include <torch/optim/adam.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 
@@ -354,6 +356,45 @@ TEST(TorchOverlap, BucketsDoNotWaitForALayerTheyHaveNoRoomFor) {
     const auto po = over->parameters(), pp = plain->parameters();
     for (std::size_t i = 0; i < po.size(); ++i)
         EXPECT_TRUE(po[i].grad().equal(pp[i].grad())) << "gradient #" << i;
+}
+
+// overlap_stats(): a call long after backward() finds the averaging done
+// (hidden behind it); a call with no backward() before it runs every bucket
+// itself (nothing hidden).
+TEST(TorchOverlap, StatsShowWhereTheAveragingWent) {
+    torch::manual_seed(8);
+    torch::nn::Sequential net(torch::nn::Linear(64, 64), torch::nn::Linear(64, 64),
+                              torch::nn::Linear(64, 64));
+    mpiml::AvgGradsOptions o;
+    o.bucket_cap_bytes = 8 * 1024;  // a bucket a tensor
+    mpiml::GradAverager plain(net, o);
+    EXPECT_EQ(plain.overlap_stats().steps, 0u) << "without overlap: none";
+    o.overlap = true;
+    mpiml::GradAverager avg(net, o);
+    const auto none = avg.overlap_stats();
+    EXPECT_EQ(none.steps, 0u);
+    EXPECT_EQ(none.buckets, 0u);
+    EXPECT_EQ(none.averaging, 0.0);
+    const std::size_t buckets = avg.bucket_plan().size();
+    ASSERT_EQ(buckets, 6u);
+    mpiml::barrier();
+    net->forward(torch::randn({8, 64})).square().sum().backward();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    avg();
+    const auto after = avg.overlap_stats();
+    EXPECT_EQ(after.steps, 1u);
+    EXPECT_EQ(after.buckets, buckets);
+    EXPECT_GT(after.averaging, 0.0);
+    EXPECT_GT(after.hidden, 0.0) << "buckets ran during the sleep, before the call";
+    EXPECT_LE(after.hidden, after.averaging);
+    EXPECT_GE(after.left, 0.0);
+    avg();  // no backward(): the call runs every bucket
+    const auto at_call = avg.overlap_stats();
+    EXPECT_EQ(at_call.steps, 2u);
+    EXPECT_EQ(at_call.buckets, buckets);
+    EXPECT_GT(at_call.averaging, 0.0);
+    EXPECT_EQ(at_call.hidden, 0.0);
+    EXPECT_GE(at_call.left, at_call.averaging) << "the call waited for all of it";
 }
 
 using mpiml_test::expect_error;

@@ -205,6 +205,18 @@ public:
     /// same plan on every rank). Empty without overlap or with one rank.
     std::vector<std::vector<std::size_t>> bucket_plan() const;
 
+    /// With overlap: where this rank's averaging of the last step went, in
+    /// seconds. Overlap pays when most of it was hidden behind backward().
+    struct OverlapStats {
+        std::size_t steps = 0;    ///< steps averaged so far (calls that ended a step)
+        std::size_t buckets = 0;  ///< buckets averaged in the last step
+        double averaging = 0;     ///< the communication thread's time in them
+        double hidden = 0;        ///< of that, before the call after backward() began
+        double left = 0;          ///< the call's own wait for the rest
+    };
+    /// All zero without overlap or with one rank.
+    OverlapStats overlap_stats() const;
+
 private:
     std::unique_ptr<detail::GradAveragerImpl> impl_;
 };

@@ -176,6 +176,19 @@ PYBIND11_MODULE(_torch, m) {
              py::keep_alive<0, 1>(),
              "Context manager: backward() passes inside only accumulate gradients; the\n"
              "call after the next backward() outside averages their sum.")
+        .def("overlap_stats", [](const mpiml::GradAverager& a) {
+            const auto s = a.overlap_stats();
+            py::dict d;
+            d["steps"] = s.steps;
+            d["buckets"] = s.buckets;
+            d["averaging_s"] = s.averaging;
+            d["hidden_s"] = s.hidden;
+            d["left_s"] = s.left;
+            return d;
+        }, "With overlap=True: where this rank's averaging of the last step went, in seconds:\n"
+           "{'steps', 'buckets', 'averaging_s' (the communication thread's time), 'hidden_s'\n"
+           "(of that, before avg() was called), 'left_s' (avg()'s own wait)}. All zero\n"
+           "without overlap or with one rank.")
         .def("__len__", &mpiml::GradAverager::size, "Parameters whose gradients are averaged.");
     m.def("sync_params", [](py::handle module, int root, py::handle comm) {
         PySite site;

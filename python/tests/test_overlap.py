@@ -3,6 +3,7 @@ equal one process on the whole batch, and bit for bit GradAverager without
 overlap, with a parameter no rank uses, one only rank 0 uses, a parameter used
 twice, and gradient accumulation under no_sync()."""
 import copy
+import time
 
 import pytest
 import torch
@@ -102,6 +103,26 @@ def test_failure_on_the_communication_thread_names_the_rank():
     avg2()  # a new averager works everywhere
     torch.testing.assert_close(p2.grad, torch.full((4,), (SIZE - 1) / 2))
     del avg, avg2
+
+
+def test_overlap_stats_show_where_the_averaging_went():
+    torch.manual_seed(8)
+    net = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 64))
+    assert mp.GradAverager(net).overlap_stats()["steps"] == 0  # without overlap: zeros
+    avg = mp.GradAverager(net, overlap=True, bucket_cap_mb=8 * 1024 / 2**20)  # a bucket a tensor
+    assert avg.overlap_stats() == dict(steps=0, buckets=0, averaging_s=0.0, hidden_s=0.0, left_s=0.0)
+    MPI.COMM_WORLD.Barrier()
+    net(torch.randn(8, 64)).square().sum().backward()
+    time.sleep(0.5)  # the buckets are averaged meanwhile
+    avg()
+    s = avg.overlap_stats()
+    assert s["steps"] == 1 and s["buckets"] == 6
+    assert 0 < s["hidden_s"] <= s["averaging_s"]
+    avg()  # no backward(): the call runs every bucket itself
+    s = avg.overlap_stats()
+    assert s["steps"] == 2 and s["buckets"] == 6
+    assert s["hidden_s"] == 0 and s["left_s"] >= s["averaging_s"] > 0
+    del avg
 
 
 def test_no_sync_is_a_context_manager_without_overlap_too():

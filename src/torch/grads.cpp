@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
@@ -903,10 +904,12 @@ public:
     /// The call after backward(): runs the buckets left, waits, starts a new
     /// step and throws the step's first failure.
     void finish(const char* call, bool rebuild_plan = true) {
+        const double called = seconds_now();
         std::unique_lock lk(m_);
         finishing_ = true;
         wake_.notify_all();
         done_.wait(lk, [&] { return next_ == st_.buckets.size(); });
+        record_step(called);
         finishing_ = false;
         next_ = 0;
         reset_pending();
@@ -937,6 +940,11 @@ public:
         return out;
     }
 
+    GradAverager::OverlapStats stats() {
+        std::lock_guard lk(m_);
+        return stats_;
+    }
+
     /// Returns the previous setting.
     bool set_sync(bool on) {
         std::lock_guard lk(m_);
@@ -954,6 +962,26 @@ private:
         Overlap* ov;
         std::size_t entry;
     };
+
+    static double seconds_now() {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    }
+
+    /// The step's figures, from the buckets' spans and the moment of the call
+    /// (with m_ held, every bucket run).
+    void record_step(double called) {
+        GradAverager::OverlapStats s;
+        s.steps = stats_.steps + 1;
+        for (const auto& [from, to] : span_) {
+            if (to <= from) continue;  // not run (after a failure)
+            ++s.buckets;
+            s.averaging += to - from;
+            s.hidden += std::max(0.0, std::min(to, called) - from);
+        }
+        s.left = std::max(0.0, seconds_now() - called);
+        stats_ = s;
+        std::fill(span_.begin(), span_.end(), std::pair{0.0, 0.0});
+    }
 
     void reset_pending() {
         pending_.resize(st_.buckets.size());
@@ -1022,14 +1050,19 @@ private:
             const bool skip = failure_ != nullptr;  // after a failed collective: none
             lk.unlock();
             std::exception_ptr failed;
+            double from = 0, to = 0;
             if (!skip) {
+                from = seconds_now();
                 try {
                     run(b);
                 } catch (...) {
                     failed = std::current_exception();
                 }
+                to = seconds_now();
             }
             lk.lock();
+            if (span_.size() != st_.buckets.size()) span_.resize(st_.buckets.size());
+            span_[b] = {from, to};
             if (failed) failure_ = failed;
             if (++next_ == st_.buckets.size()) done_.notify_all();
         }
@@ -1071,6 +1104,8 @@ private:
     std::vector<std::size_t> observed_; // entries in the order they became final
     bool rebuilt_ = false;
     std::exception_ptr failure_;    // a failed collective
+    std::vector<std::pair<double, double>> span_;  // per bucket: run from, to (this step)
+    GradAverager::OverlapStats stats_;             // of the last step
 };
 
 }  // namespace
@@ -1166,6 +1201,11 @@ GradAverager& GradAverager::operator=(GradAverager&&) noexcept = default;
 std::vector<std::vector<std::size_t>> GradAverager::bucket_plan() const {
     if (!impl_ || !impl_->overlap) return {};
     return impl_->overlap->plan();
+}
+
+GradAverager::OverlapStats GradAverager::overlap_stats() const {
+    if (!impl_ || !impl_->overlap) return {};
+    return impl_->overlap->stats();
 }
 
 std::size_t GradAverager::size() const {
