@@ -9,7 +9,9 @@
 // --image pixels a side, 1000 classes, cross entropy).
 //
 // Copies of the model take the same data, one with each averager (without
-// overlap, with overlap, with overlap and MPI's polling waits); their steps
+// overlap, with overlap, with overlap and MPI's polling waits, with overlap
+// and gradient_as_bucket_view: no packing once the gradients live in the
+// buckets); their steps
 // alternate, so all see the same machine load. Also measured: the step
 // without any averaging (compute only) and the averaging alone (the call
 // without overlap, after backward) and what overlap leaves to the call after
@@ -127,22 +129,26 @@ int main(int argc, char** argv) {
     const int rank = session.rank();
 
     auto model = [&] { return resnet ? resnet50() : mlp(layers, width); };
-    auto plain = model(), over = model(), poll = model(), bare = model();
+    auto plain = model(), over = model(), poll = model(), bare = model(), views = model();
     mpiml::AvgGradsOptions o;
     o.bucket_cap_bytes = static_cast<std::size_t>(cap_mb * (1 << 20));
     mpiml::GradAverager plain_avg(plain, o);
     o.overlap = true;
     mpiml::GradAverager over_avg(over, o);
+    o.gradient_as_bucket_view = true;
+    mpiml::GradAverager views_avg(views, o);
+    o.gradient_as_bucket_view = false;
     o.quiet_wait = false;
     mpiml::GradAverager poll_avg(poll, o);
     torch::optim::SGD plain_opt(plain->parameters(), 1e-3), over_opt(over->parameters(), 1e-3),
-        poll_opt(poll->parameters(), 1e-3), bare_opt(bare->parameters(), 1e-3);
+        poll_opt(poll->parameters(), 1e-3), bare_opt(bare->parameters(), 1e-3),
+        views_opt(views->parameters(), 1e-3);
     std::int64_t params = 0;
     for (const auto& p : plain->parameters()) params += p.numel();
 
     torch::manual_seed(100 + rank);
     std::vector<double> t_plain, t_over, t_poll, t_bare, t_back, t_avg, t_left, t_poll_left,
-        t_comm, t_hidden;
+        t_comm, t_hidden, t_views, t_views_left;
     for (int step = -1; step < steps; ++step) {  // step -1: warm-up
         const auto x = resnet ? torch::randn({batch, 3, image, image}) : torch::randn({batch, width});
         const auto y = resnet ? torch::randint(1000, {batch}) : torch::randn({batch, width});
@@ -178,11 +184,14 @@ int main(int argc, char** argv) {
             t_hidden.push_back(-bench::max_over_ranks(-st.hidden));  // the least hidden
         }
         run(poll, poll_opt, &poll_avg, t_poll, &t_poll_left);
+        run(views, views_opt, &views_avg, t_views, &t_views_left);
         run(bare, bare_opt, nullptr, t_bare, nullptr);
     }
     bool same = true;
-    const auto pp = plain->parameters(), po = over->parameters(), pq = poll->parameters();
-    for (std::size_t i = 0; i < pp.size(); ++i) same = same && pp[i].equal(po[i]) && pp[i].equal(pq[i]);
+    const auto pp = plain->parameters(), po = over->parameters(), pq = poll->parameters(),
+               pv = views->parameters();
+    for (std::size_t i = 0; i < pp.size(); ++i)
+        same = same && pp[i].equal(po[i]) && pp[i].equal(pq[i]) && pp[i].equal(pv[i]);
     int all_same = same ? 1 : 0;
     MPI_Allreduce(MPI_IN_PLACE, &all_same, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (rank == 0) {
@@ -206,6 +215,9 @@ int main(int argc, char** argv) {
         std::printf("left at the call, overlap polling       %8.1f ms\n", median(t_poll_left) * 1e3);
         std::printf("step, overlap with MPI's polling waits  %8.1f ms (%.2fx)\n", median(t_poll) * 1e3,
                     p / median(t_poll));
+        std::printf("left at the call, overlap bucket views  %8.1f ms\n", median(t_views_left) * 1e3);
+        std::printf("step, overlap with gradient_as_bucket_view %5.1f ms (%.2fx)\n", median(t_views) * 1e3,
+                    p / median(t_views));
         std::printf("parameters bit-identical after the run: %s\n", all_same ? "yes" : "NO");
     }
     return all_same ? 0 : 1;

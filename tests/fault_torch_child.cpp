@@ -8,7 +8,8 @@
 // averager), exit_inside
 // (std::exit(3) while its own communication thread waits in its allreduce: the
 // other ranks come 1 s late). The job must end with a non-zero status and a
-// message naming the rank, never hang.
+// message naming the rank, never hang. FAULT_BUCKET_VIEWS set: with
+// gradient_as_bucket_view too.
 #include <mpiml/mpiml.hpp>
 #include <mpiml/torch.hpp>
 
@@ -37,6 +38,7 @@ int body(const std::string& mode, int faulty) {
     mpiml::AvgGradsOptions o;
     o.overlap = true;
     o.bucket_cap_bytes = 64 << 10;  // one bucket per layer's weight
+    o.gradient_as_bucket_view = std::getenv("FAULT_BUCKET_VIEWS") != nullptr;  // views from step 1
     mpiml::GradAverager avg(net, o);
     torch::optim::SGD opt(net->parameters(), 0.01);
     int step = 0;

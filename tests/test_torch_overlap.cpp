@@ -5,7 +5,8 @@
 // gradient accumulation under no_sync(), also on MPI's path (every element
 // summed in rank order, with overlap and without, as on shared memory); the
 // plan rebuilt from the backward order; failures on the communication thread
-// surface at the call; overlap_stats() tells hidden averaging from waited.
+// surface at the call; overlap_stats() tells hidden averaging from waited;
+// with gradient_as_bucket_view, the gradients stay in the buckets.
 #include <mpiml/mpiml.hpp>
 #include <mpiml/torch.hpp>
 
@@ -114,8 +115,9 @@ struct ShmOff {
 /// Trains three copies of the net for a few steps: with overlap, with the
 /// averaging after backward(), and one process on every shard. mpi_path:
 /// every bucket takes MPI's path (as with one rank a host); quiet: the
-/// overlap's waits (else MPI's own).
-void train(std::size_t cap, int micro, bool mpi_path = false, bool quiet = true) {
+/// overlap's waits (else MPI's own); views: gradient_as_bucket_view with
+/// overlap (the gradients stay in the buckets from the second step on).
+void train(std::size_t cap, int micro, bool mpi_path = false, bool quiet = true, bool views = false) {
     constexpr int batch = 24, steps = 6;
     const int n = size(), r = rank();
     const ShmOff mode(mpi_path);
@@ -130,7 +132,9 @@ void train(std::size_t cap, int micro, bool mpi_path = false, bool quiet = true)
     mpiml::GradAverager plain_avg(plain, o);
     o.overlap = true;
     o.quiet_wait = quiet;
+    o.gradient_as_bucket_view = views;
     mpiml::GradAverager over_avg(over, o);
+    std::vector<const void*> homes;  // with views: where the gradients live after step 1
     EXPECT_EQ(over_avg.size(), plain_avg.size());
     torch::optim::Adam over_opt(unique_params(over), torch::optim::AdamOptions(1e-2));
     torch::optim::Adam plain_opt(unique_params(plain), torch::optim::AdamOptions(1e-2));
@@ -153,6 +157,13 @@ void train(std::size_t cap, int micro, bool mpi_path = false, bool quiet = true)
         over_avg();
         plain_avg();
         expect_identical(over, plain, step);
+        if (views && step >= 1) {  // averaged in place, never packed or moved again
+            std::vector<const void*> now;
+            for (const auto& p : unique_params(over))
+                now.push_back(p.grad().defined() ? p.grad().data_ptr() : nullptr);
+            if (step == 1) homes = now;
+            else EXPECT_EQ(now, homes) << "step " << step;
+        }
         EXPECT_FALSE(over->never->weight.grad().defined()) << "no rank had a gradient";
         EXPECT_TRUE(over->only0->weight.grad().defined()) << "rank 0 had one";
         over_opt.step();
@@ -182,6 +193,9 @@ TEST(TorchOverlap, MpiPathOneBucket) { train(25u << 20, 1, true); }
 TEST(TorchOverlap, MpiPathBucketPerTensor) { train(64, 1, true); }  // some smaller than the ranks
 TEST(TorchOverlap, MpiPathSmallBucketsAccumulated) { train(1024, 2, true); }
 TEST(TorchOverlap, MpiPathMpisOwnWaits) { train(1024, 1, true, false); }
+TEST(TorchOverlap, BucketViewsOneBucket) { train(25u << 20, 1, false, true, true); }
+TEST(TorchOverlap, BucketViewsSmallBucketsAccumulated) { train(1024, 2, false, true, true); }
+TEST(TorchOverlap, BucketViewsMpiPath) { train(1024, 2, true, true, true); }
 
 /// Each rank's node, numbered by the node's lowest rank, as mpiml groups
 /// them (MPIML_NODE_SPLIT=K: K ranks a simulated node).
@@ -456,14 +470,40 @@ TEST(TorchOverlap, SecondBackwardWithoutNoSyncIsAnError) {
     EXPECT_TRUE(p.grad().allclose(torch::full({4}, (size() - 1) / 2.0)));
 }
 
-TEST(TorchOverlap, NotWithBucketViewsNorTheFreeFunction) {
+TEST(TorchOverlap, NotWithTheFreeFunction) {
     Net net = make_net();
     mpiml::AvgGradsOptions o;
     o.overlap = true;
-    o.gradient_as_bucket_view = true;
-    expect_error([&] { mpiml::GradAverager avg(net, o); }, {"mpiml::GradAverager", "gradient_as_bucket_view"});
-    o.gradient_as_bucket_view = false;
     expect_error([&] { mpiml::mpi_avg_grads(net, o); }, {"mpiml::mpi_avg_grads", "GradAverager"});
+}
+
+// With gradient_as_bucket_view the gradients live in the averager's buckets;
+// destroying it gives them their own memory, with the same values.
+TEST(TorchOverlap, BucketViewsOutliveTheAverager) {
+    Net net = make_net();
+    std::vector<torch::Tensor> kept;
+    {
+        mpiml::AvgGradsOptions o;
+        o.overlap = true;
+        o.gradient_as_bucket_view = true;
+        mpiml::GradAverager avg(net, o);
+        for (int step = 0; step < 2; ++step) {  // views from the second step
+            for (const auto& p : unique_params(net))
+                if (p.grad().defined()) p.mutable_grad().zero_();
+            net(torch::ones({2, 5}) * (rank() + 1), true).sum().backward();
+            avg();
+        }
+        for (const auto& p : unique_params(net))
+            if (p.grad().defined()) kept.push_back(p.grad().clone());
+    }
+    std::size_t k = 0;
+    for (const auto& p : unique_params(net))
+        if (p.grad().defined()) {
+            ASSERT_LT(k, kept.size());
+            EXPECT_TRUE(p.grad().equal(kept[k++]));
+            p.mutable_grad().add_(1);  // its own memory: writable after the buckets are gone
+        }
+    EXPECT_EQ(k, kept.size());
 }
 
 TEST(TorchOverlap, DestroyedWithoutTheCallEndsTheStep) {

@@ -88,7 +88,11 @@ struct AvgGradsOptions {
     /// path, at any number of ranks (see GradAverager: one summation order).
     /// Needs MPI_THREAD_SERIALIZED or higher; from a parameter's first
     /// gradient to the end of the call, only the communication thread may
-    /// call MPI. Not with gradient_as_bucket_view.
+    /// call MPI. With gradient_as_bucket_view, each overlap bucket gets
+    /// memory of its own at the first call and, from the second step on, the
+    /// gradients live there as views: averaged in place, with no packing
+    /// during backward(); destroying the averager gives them their own
+    /// memory back.
     bool overlap = false;
     /// With overlap: the communication thread waits for the network by
     /// testing its requests with short sleeps in between (its core goes to

@@ -1,7 +1,8 @@
 """GradAverager(overlap=True) from Python: n ranks on 1/n of the batch each
 equal one process on the whole batch, and bit for bit GradAverager without
 overlap, with a parameter no rank uses, one only rank 0 uses, a parameter used
-twice, and gradient accumulation under no_sync()."""
+twice, and gradient accumulation under no_sync(); with gradient_as_bucket_view
+too."""
 import copy
 import time
 
@@ -41,15 +42,18 @@ def loss(net, x, y, use_only0, micro):
     return nn.functional.mse_loss(net(x, use_only0), y) / micro
 
 
-@pytest.mark.parametrize("cap_mb,micro", [(25, 1), (64 / 2**20, 1), (1024 / 2**20, 2)])
-def test_equals_one_process_and_bit_for_bit_without_overlap(cap_mb, micro):
+@pytest.mark.parametrize("cap_mb,micro,as_view", [
+    (25, 1, False), (64 / 2**20, 1, False), (1024 / 2**20, 2, False),
+    (25, 1, True), (1024 / 2**20, 2, True)])
+def test_equals_one_process_and_bit_for_bit_without_overlap(cap_mb, micro, as_view):
     batch, steps = 12, 5
     per = batch // SIZE
     part = per // micro
     torch.manual_seed(99)
     x, y = torch.randn(batch, 5), torch.randn(batch, 2)
     over, plain, ref = Net(), Net(), Net()
-    over_avg = mp.GradAverager(over, bucket_cap_mb=cap_mb, overlap=True)
+    over_avg = mp.GradAverager(over, bucket_cap_mb=cap_mb, overlap=True, gradient_as_bucket_view=as_view)
+    homes = None  # with views: where the gradients live from the second step on
     plain_avg = mp.GradAverager(plain, bucket_cap_mb=cap_mb)
     opts = [torch.optim.Adam(m.parameters(), lr=1e-2) for m in (over, plain, ref)]
     for step in range(steps):
@@ -70,6 +74,10 @@ def test_equals_one_process_and_bit_for_bit_without_overlap(cap_mb, micro):
             if p.grad is not None:
                 assert torch.equal(p.grad, q.grad), (name, step)
         assert over.never.weight.grad is None and over.only0.weight.grad is not None
+        if as_view and step >= 1:  # averaged in place, never packed or moved again
+            now = [p.grad.data_ptr() if p.grad is not None else 0 for p in over.parameters()]
+            assert homes is None or now == homes, step
+            homes = now
         opts[0].step()
         opts[1].step()
         opts[2].zero_grad()

@@ -609,6 +609,13 @@ std::byte* fused_segment(GradState& st, MPI_Comm comm) {
     return st.shared ? static_cast<std::byte*>(st.shared->data()) : nullptr;
 }
 
+/// Whether e's gradient is already a plain view of its place at dst.
+bool grad_in_place(const GradEntry& e, const std::byte* dst) {
+    const at::Tensor& g = e.param.grad();
+    return g.defined() && g.data_ptr() == dst && e.wire.scalar == e.param.scalar_type() &&
+           plain(g, e.param.scalar_type()) && g.numel() == static_cast<std::int64_t>(e.numel);
+}
+
 /// A direct bucket: one large gradient, averaged in place when plain,
 /// else staged through buf.
 void run_direct(GradEntry& e, const Bucket& b, std::byte* buf, MPI_Comm comm, int size,
@@ -640,7 +647,7 @@ void run_direct(GradEntry& e, const Bucket& b, std::byte* buf, MPI_Comm comm, in
 /// after them (and, in the carrier bucket, the direct buckets' flags), one
 /// allreduce, unpacked where some rank had a gradient.
 void run_fused(GradState& st, const Bucket& b, std::byte* base, MPI_Comm comm,
-               int size, const char* call, Deferred& defer) {
+               int size, const char* call, Deferred& defer, bool as_views = false) {
     const std::size_t es = b.wire.size;
     const auto& direct_entry = [&](std::size_t d) -> GradEntry& {
         return st.entries[st.order[st.buckets[st.direct[d]].first]];
@@ -649,6 +656,11 @@ void run_fused(GradState& st, const Bucket& b, std::byte* base, MPI_Comm comm,
     std::size_t off = 0;
     for (std::size_t k = 0; k < b.entries; ++k) {
         const GradEntry& e = st.entries[st.order[b.first + k]];
+        if (as_views && grad_in_place(e, base + off * es)) {  // nothing to pack
+            set_flag(b.wire, flags + k * es, true);
+            off += e.numel;
+            continue;
+        }
         try {
             pack_grad(e, base + off * es);
         } catch (const std::exception& ex) {
@@ -670,8 +682,15 @@ void run_fused(GradState& st, const Bucket& b, std::byte* base, MPI_Comm comm,
         const GradEntry& e = st.entries[st.order[b.first + k]];
         // Undefined on every rank: stays undefined, as in one process.
         if (flag_value(b.wire, flags + k * es) != 0.0) {
+            std::byte* at = base + off * es;
             try {
-                unpack_grad(e, base + off * es, size);
+                if (as_views && view_eligible(e.param)) {  // the gradient becomes (or stays) a view
+                    average_in_place(e.wire.scalar, at, e.numel, size);
+                    if (grad_in_place(e, at)) bump_version(e.param.grad());
+                    else e.param.mutable_grad() = at::from_blob(at, e.param.sizes(), e.param.options());
+                } else {
+                    unpack_grad(e, at, size);
+                }
             } catch (const std::exception& ex) {
                 defer(ex);
             }
@@ -856,8 +875,8 @@ struct OrderedSums {
 /// step is under way only the communication thread calls MPI.
 class Overlap {
 public:
-    Overlap(GradState& st, MPI_Comm comm, int size, bool quiet, std::size_t cap)
-        : st_(st), comm_(comm), size_(size), quiet_(quiet), cap_(cap),
+    Overlap(GradState& st, MPI_Comm comm, int size, bool quiet, std::size_t cap, bool views)
+        : st_(st), comm_(comm), size_(size), quiet_(quiet), cap_(cap), views_(views),
           site_(detail::current_site()) {
         const std::size_t n = st_.entries.size();
         fired_.assign(n, 0);
@@ -896,6 +915,7 @@ public:
         }
         wake_.notify_all();
         if (thread_.joinable()) thread_.join();
+        release_memory();
     }
 
     Overlap(const Overlap&) = delete;
@@ -1019,6 +1039,31 @@ private:
         for (std::size_t& j : slot_) j = moved[j];
         st_.largest = st_.largest_fused = plan_overlap_buckets(st_, cap_);
         reset_pending();
+        if (views_) {  // from now on each bucket has memory of its own, the gradients' home
+            for (const Bucket& b : st_.buckets) {
+                const std::size_t bytes = (b.payload + b.flags) * b.wire.size;
+                BucketMemory& m = memory_.emplace_back();
+                m.shared = detail::collective_memory(bytes, comm_, call);
+                if (!m.shared) m.own.resize(bytes);
+            }
+        }
+    }
+
+    /// Gradients still viewing the buckets get their own memory back; the
+    /// buckets are freed (collective, as the destruction).
+    void release_memory() {
+        if (memory_.empty()) return;
+        for (GradEntry& e : st_.entries) {
+            const at::Tensor& g = e.param.grad();
+            if (!g.defined()) continue;
+            const auto* d = static_cast<const std::byte*>(g.data_ptr());
+            for (BucketMemory& m : memory_)
+                if (d >= m.data() && d < m.data() + m.size()) {
+                    e.param.mutable_grad() = g.clone();
+                    break;
+                }
+        }
+        memory_.clear();
     }
 
     /// A gradient is final (the autograd thread, after accumulating it).
@@ -1069,23 +1114,36 @@ private:
     }
 
     /// One bucket, as run_packed averages it (so the results are the same).
+    /// With gradient_as_bucket_view, from the second step: in the bucket's
+    /// own memory, where the gradients stay as views (no packing once they are).
     void run(std::size_t b) {
-        if (b == 0) segment_ = fused_segment(st_, comm_);  // every rank starts with bucket 0
         const Bucket& bk = st_.buckets[b];
         for (std::size_t k = 0; k < bk.entries; ++k) {
             GradEntry& e = st_.entries[st_.order[bk.first + k]];
             e.defined_here = e.param.grad().defined();
         }
+        if (!memory_.empty()) return run_fused(st_, bk, memory_[b].data(), comm_, size_, kAveragerCall, defer_, true);
+        if (b == 0) segment_ = fused_segment(st_, comm_);  // every rank starts with bucket 0
         std::byte* base = segment_ ? segment_ : static_cast<std::byte*>(st_.scratch.get(st_.largest));
         run_fused(st_, bk, base, comm_, size_, kAveragerCall, defer_);
     }
+
+    /// A bucket's memory: node-shared where the shared-memory path takes it.
+    struct BucketMemory {
+        std::unique_ptr<SharedBucket> shared;
+        std::vector<std::byte> own;
+        std::byte* data() { return shared ? static_cast<std::byte*>(shared->data()) : own.data(); }
+        std::size_t size() const { return shared ? shared->size_bytes() : own.size(); }
+    };
 
     GradState& st_;
     const MPI_Comm comm_;
     const int size_;
     const bool quiet_;
     const std::size_t cap_;
+    const bool views_;  // gradient_as_bucket_view
     const detail::CallSite site_;
+    std::vector<BucketMemory> memory_;  // per bucket, with views_ after the rebuild
     std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
     std::thread thread_;
     std::byte* segment_ = nullptr;  // the communication thread's
@@ -1132,8 +1190,6 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
     const int size = num_procs(comm);
     if (size > 1) agree_options(opts, comm, kAveragerCall);
     if (opts.overlap) {  // alike on every rank (agreed): before any other collective
-        if (opts.gradient_as_bucket_view)
-            detail::fail(kAveragerCall, "overlap and gradient_as_bucket_view cannot be combined");
         int provided = MPI_THREAD_SINGLE;
         MPI_Query_thread(&provided);
         if (size > 1 && provided < MPI_THREAD_SERIALIZED)
@@ -1150,7 +1206,7 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
     impl->size = size;
     std::vector<Eligible> ps;
     eligible_params(params, ps);
-    if (opts.gradient_as_bucket_view) {
+    if (opts.gradient_as_bucket_view && !opts.overlap) {  // overlap keeps views in its own buckets
         std::vector<Eligible> rest;
         for (Eligible& p : ps) {
             if (view_eligible(p.tensor)) impl->view_params.push_back(p.tensor);
@@ -1165,7 +1221,7 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
     }
     if (opts.overlap && impl->size > 1)
         impl->overlap = std::make_unique<Overlap>(impl->packed, comm, impl->size, opts.quiet_wait,
-                                                  opts.bucket_cap_bytes);
+                                                  opts.bucket_cap_bytes, opts.gradient_as_bucket_view);
     return impl;
 }
 }  // namespace
