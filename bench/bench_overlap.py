@@ -1,6 +1,7 @@
-"""GradAverager(overlap=True) against GradAverager() and PyTorch DDP (on Gloo
-and on the "mpiml" torch.distributed backend), on the training step of the
-same large model as bench_overlap.cpp, from Python.
+"""GradAverager(overlap=True) (also with gradient_as_bucket_view=True) against
+GradAverager() and PyTorch DDP (on Gloo and on the "mpiml" torch.distributed
+backend), on the training step of the same large model as bench_overlap.cpp,
+from Python.
 
   mpirun -np 2 /usr/bin/python3 bench/bench_overlap.py [--resnet50=1 [--image=112]]
       [--layers=8] [--width=2048] [--batch=64] [--steps=10] [--threads=1]
@@ -93,6 +94,8 @@ def main():
     variants["GradAverager"] = (m, mp.GradAverager(m))
     m = model()
     variants["GradAverager overlap"] = (m, mp.GradAverager(m, overlap=True))
+    m = model()
+    variants["overlap, bucket views"] = (m, mp.GradAverager(m, overlap=True, gradient_as_bucket_view=True))
     variants["DDP gloo"] = (DDP(model(), process_group=gloo), None)
     variants["DDP mpiml"] = (DDP(model()), None)
     opts = {k: torch.optim.SGD(v[0].parameters(), lr=1e-3) for k, v in variants.items()}
@@ -119,7 +122,8 @@ def main():
     params = sum(p.numel() for p in variants["compute only"][0].parameters())
     a = [p for p in variants["GradAverager"][0].parameters()]
     b = [p for p in variants["GradAverager overlap"][0].parameters()]
-    same = all(torch.equal(p, q) for p, q in zip(a, b))
+    c = [p for p in variants["overlap, bucket views"][0].parameters()]
+    same = all(torch.equal(p, q) and torch.equal(p, r) for p, q, r in zip(a, b, c))
     if rank == 0:
         what = f"ResNet-50, images {image} x {image}" if resnet else f"MLP {layers} x ({width} x {width})"
         print(f"# bench_overlap.py: {n} ranks, {what}, "
@@ -131,6 +135,8 @@ def main():
         print(f"GradAverager overlap vs without: {med['GradAverager'] / med['GradAverager overlap']:.2f}x; "
               f"vs DDP gloo: {med['DDP gloo'] / med['GradAverager overlap']:.2f}x; "
               f"vs DDP mpiml: {med['DDP mpiml'] / med['GradAverager overlap']:.2f}x")
+        print(f"with bucket views: {med['GradAverager'] / med['overlap, bucket views']:.2f}x; "
+              f"vs DDP gloo: {med['DDP gloo'] / med['overlap, bucket views']:.2f}x")
         print(f"GradAverager with and without overlap bit-identical: {'yes' if same else 'NO'}")
     del variants
     dist.barrier()
