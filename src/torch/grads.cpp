@@ -1040,12 +1040,14 @@ private:
         st_.largest = st_.largest_fused = plan_overlap_buckets(st_, cap_);
         reset_pending();
         if (views_) {  // from now on each bucket has memory of its own, the gradients' home
-            for (const Bucket& b : st_.buckets) {
-                const std::size_t bytes = (b.payload + b.flags) * b.wire.size;
-                BucketMemory& m = memory_.emplace_back();
-                m.shared = detail::collective_memory(bytes, comm_, call);
-                if (!m.shared) m.own.resize(bytes);
+            std::vector<BucketMemory> mem(st_.buckets.size());
+            for (std::size_t b = 0; b < mem.size(); ++b) {
+                const Bucket& bk = st_.buckets[b];
+                const std::size_t bytes = (bk.payload + bk.flags) * bk.wire.size;
+                mem[b].shared = detail::collective_memory(bytes, comm_, call);
+                if (!mem[b].shared) mem[b].own.resize(bytes);
             }
+            memory_ = std::move(mem);  // all or none
         }
     }
 
@@ -1122,7 +1124,7 @@ private:
             GradEntry& e = st_.entries[st_.order[bk.first + k]];
             e.defined_here = e.param.grad().defined();
         }
-        if (!memory_.empty()) return run_fused(st_, bk, memory_[b].data(), comm_, size_, kAveragerCall, defer_, true);
+        if (memory_.size() == st_.buckets.size()) return run_fused(st_, bk, memory_[b].data(), comm_, size_, kAveragerCall, defer_, true);
         if (b == 0) segment_ = fused_segment(st_, comm_);  // every rank starts with bucket 0
         std::byte* base = segment_ ? segment_ : static_cast<std::byte*>(st_.scratch.get(st_.largest));
         run_fused(st_, bk, base, comm_, size_, kAveragerCall, defer_);
