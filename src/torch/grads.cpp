@@ -1124,7 +1124,8 @@ private:
             GradEntry& e = st_.entries[st_.order[bk.first + k]];
             e.defined_here = e.param.grad().defined();
         }
-        if (memory_.size() == st_.buckets.size()) return run_fused(st_, bk, memory_[b].data(), comm_, size_, kAveragerCall, defer_, true);
+        if (memory_.size() == st_.buckets.size())
+            return run_fused(st_, bk, memory_[b].data(), comm_, size_, kAveragerCall, defer_, true);
         if (b == 0) segment_ = fused_segment(st_, comm_);  // every rank starts with bucket 0
         std::byte* base = segment_ ? segment_ : static_cast<std::byte*>(st_.scratch.get(st_.largest));
         run_fused(st_, bk, base, comm_, size_, kAveragerCall, defer_);
