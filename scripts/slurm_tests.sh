@@ -321,9 +321,10 @@ if [ "${PPO:-1}" = 1 ]; then
   ckpt || rc=1
   sl scontrol requeue "$jid" > "$log/$name.log" 2>&1 || rc=1
   # a requeued job, once back in the queue, waits about 2 minutes before it
-  # may start again: now
+  # may start again: in 2 s (one started within the second of the requeue is
+  # refused by slurmd, "Job credential revoked")
   for _ in $(seq 60); do [ "$(sl squeue -h -j "$jid" -o "%T %r")" = "PENDING BeginTime" ] && break; sleep 0.5; done
-  sl scontrol update JobId="$jid" StartTime=now >> "$log/$name.log" 2>&1 || rc=1
+  sl scontrol update JobId="$jid" StartTime=now+2 >> "$log/$name.log" 2>&1 || rc=1
   wait_job "$jid" 600 >> "$log/$name.log" || rc=1
   cat "$log/job/ppo-$jid.out" >> "$log/$name.log"
   best=$(awk -F'\t' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
