@@ -50,8 +50,11 @@ host_comms() { for h in h1 h2; do ip netns pids "${MPIML_CLUSTER_PREFIX:-mpiml-}
 # wait_job id limit: waits for a batch job to leave the queue; cancels it
 # after limit seconds (status 1)
 wait_job() {
+  local out
   for _ in $(seq $(($2 * 2))); do
-    [ -z "$(sl squeue -h -j "$1" 2> /dev/null)" ] && return 0
+    # a failed squeue (controller busy) is no answer; an unknown id is gone
+    out=$(sl squeue -h -j "$1" 2>&1) && [ -z "$out" ] && return 0
+    grep -q "Invalid job id" <<< "$out" && return 0
     sleep 0.5
   done
   echo "job $1 still queued or running after $2 s: cancelled"
@@ -326,6 +329,7 @@ if [ "${PPO:-1}" = 1 ]; then
   for _ in $(seq 60); do [ "$(sl squeue -h -j "$jid" -o "%T %r")" = "PENDING BeginTime" ] && break; sleep 0.5; done
   sl scontrol update JobId="$jid" StartTime=now+2 >> "$log/$name.log" 2>&1 || rc=1
   wait_job "$jid" 600 >> "$log/$name.log" || rc=1
+  state=$(sl squeue -h -j "$jid" -t all -o "%T %r" 2>&1)
   cat "$log/job/ppo-$jid.out" >> "$log/$name.log"
   best=$(awk -F'\t' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
     $c["AverageEpRet"] != "nan" && $c["AverageEpRet"] + 0 > b + 0 { b = $c["AverageEpRet"] } END { print b + 0 }' \
@@ -335,7 +339,7 @@ if [ "${PPO:-1}" = 1 ]; then
     grep -q "^Reached AverageEpRet >= 475 in epoch" "$log/$name.log" &&
     awk -v b="${best:-0}" 'BEGIN { exit !(b >= 475) }' && [ "$lanes" = "2 h1 2 h2" ] || rc=1
   settled >> "$log/$name.log" || rc=1
-  detail="(job $jid; best AverageEpRet ${best:-none}, ranks per host ${lanes:-none}, $(secs "$t0") s)"
+  detail="(job $jid ${state:-gone}; best AverageEpRet ${best:-none}, ranks per host ${lanes:-none}, $(secs "$t0") s)"
   }
   again $name "$log/$name.log" sbatch_ppo
   result $name $rc "$detail"
