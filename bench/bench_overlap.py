@@ -9,7 +9,9 @@ from Python.
 Every variant has its own copy of the model and takes the same data; their
 steps (zero_grad, forward, backward, the averager's call, SGD step) alternate
 so all see the same machine load. DDP runs with its defaults (25 MiB buckets,
-overlapped). Rank 0 prints the median over steps of the slowest rank's time.
+overlapped). Rank 0 prints the median over steps of the slowest rank's time;
+for GradAverager(overlap=True) also what its call after backward() waited and
+its thread's time in the buckets (overlap_stats(); hidden: the least rank's).
 """
 import datetime
 import os
@@ -100,6 +102,7 @@ def main():
     variants["DDP mpiml"] = (DDP(model()), None)
     opts = {k: torch.optim.SGD(v[0].parameters(), lr=1e-3) for k, v in variants.items()}
     times = {k: [] for k in variants}
+    left, averaging, hidden = [], [], []  # GradAverager overlap: its call, its thread
     torch.manual_seed(100 + rank)
     for step in range(-1, steps):  # -1: warm-up
         if resnet:
@@ -113,12 +116,19 @@ def main():
             t0 = time.perf_counter()
             opts[k].zero_grad()
             loss(model(x), y).backward()
+            t1 = time.perf_counter()
             if avg is not None:
                 avg()
+            t2 = time.perf_counter()
             opts[k].step()
             t = slowest(time.perf_counter() - t0)
             if step >= 0:
                 times[k].append(t)
+                if k == "GradAverager overlap":
+                    st = avg.overlap_stats()
+                    left.append(slowest(t2 - t1))
+                    averaging.append(slowest(st["averaging_s"]))
+                    hidden.append(-slowest(-st["hidden_s"]))  # the least hidden
     params = sum(p.numel() for p in variants["compute only"][0].parameters())
     a = [p for p in variants["GradAverager"][0].parameters()]
     b = [p for p in variants["GradAverager overlap"][0].parameters()]
@@ -132,6 +142,10 @@ def main():
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
         for k, v in med.items():
             print(f"step, {k:<24} {v * 1e3:8.1f} ms")
+            if k == "GradAverager overlap":
+                print(f"  left at the call             {sorted(left)[len(left) // 2] * 1e3:8.1f} ms")
+                print(f"  averaging on its thread      {sorted(averaging)[len(averaging) // 2] * 1e3:8.1f} ms "
+                      f"(hidden {sorted(hidden)[len(hidden) // 2] * 1e3:.1f} ms)")
         print(f"GradAverager overlap vs without: {med['GradAverager'] / med['GradAverager overlap']:.2f}x; "
               f"vs DDP gloo: {med['DDP gloo'] / med['GradAverager overlap']:.2f}x; "
               f"vs DDP mpiml: {med['DDP mpiml'] / med['GradAverager overlap']:.2f}x")
