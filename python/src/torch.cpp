@@ -189,6 +189,11 @@ PYBIND11_MODULE(_torch, m) {
            "{'steps', 'buckets', 'averaging_s' (the communication thread's time), 'hidden_s'\n"
            "(of that, before avg() was called), 'left_s' (avg()'s own wait)}. All zero\n"
            "without overlap or with one rank.")
+        .def("bucket_plan", &mpiml::GradAverager::bucket_plan,
+             "With overlap=True: the buckets in the order they are averaged, each a list of\n"
+             "positions in module.parameters(). Planned in reverse parameter order, rebuilt\n"
+             "once at the first call in the order rank 0's gradients became final (the same\n"
+             "plan on every rank). Empty without overlap or with one rank.")
         .def("__len__", &mpiml::GradAverager::size, "Parameters whose gradients are averaged.");
     m.def("sync_params", [](py::handle module, int root, py::handle comm) {
         PySite site;

@@ -165,3 +165,21 @@ def test_options_that_disagree_raise_on_every_rank(option, mine, last_has):
     avg()
     torch.testing.assert_close(p.grad, torch.full((4,), (SIZE - 1) / 2))
     del avg
+
+
+def test_bucket_plan_is_rebuilt_in_rank_0s_order():
+    heads = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))  # parameters 0-1, 2-3, 4-5
+    assert mp.GradAverager(heads).bucket_plan() == []  # without overlap
+    avg = mp.GradAverager(heads, overlap=True, bucket_cap_mb=8 * 8 * 4 / 2**20)
+    before = avg.bucket_plan()
+    assert sorted(i for b in before for i in b) == list(range(6)) and set(before[0]) <= {4, 5}
+    x = torch.randn(4, 8)
+    # backward() finishes the head computed last first: on rank 0 head 0
+    order = (2, 1, 0) if RANK == 0 else (0, 1, 2)
+    sum(heads[h](x).sum() for h in order).backward()
+    avg()
+    plan = avg.bucket_plan()
+    assert sorted(i for b in plan for i in b) == list(range(6))
+    assert MPI.COMM_WORLD.allgather(plan) == [plan] * SIZE
+    assert set(plan[0]) <= {0, 1}, plan  # rank 0's order, on every rank
+    del avg
