@@ -375,6 +375,39 @@ TEST(TorchOverlap, BucketsDoNotWaitForALayerTheyHaveNoRoomFor) {
 // overlap_stats(): a call long after backward() finds the averaging done
 // (hidden behind it); a call with no backward() before it runs every bucket
 // itself (nothing hidden).
+// Towards the end of backward() the buckets halve (limit: half of what is
+// left, at least 1 MiB): the last one, started only when backward() is done,
+// is small. 24 tensors of 256 KiB under the default 25 MiB cap.
+TEST(TorchOverlap, BucketsShrinkTowardsTheEnd) {
+    std::vector<torch::Tensor> ps, qs;
+    for (int i = 0; i < 24; ++i) {
+        ps.push_back(torch::full({64, 1024}, 1.0 + i).requires_grad_());
+        qs.push_back(ps.back().detach().clone().requires_grad_());
+    }
+    mpiml::AvgGradsOptions o;
+    mpiml::GradAverager plain_avg(qs, o);
+    o.overlap = true;
+    mpiml::GradAverager over_avg(ps, o);
+    std::vector<std::size_t> sizes;
+    std::size_t expect = 24;
+    for (const auto& b : over_avg.bucket_plan()) {
+        sizes.push_back(b.size());
+        for (const std::size_t i : b) EXPECT_EQ(i, --expect) << "reverse parameter order";
+    }
+    // 1 MiB first, then of the 5 MiB left 2.5, of 2.5 1.25, then 1 and the rest
+    EXPECT_EQ(sizes, (std::vector<std::size_t>{4, 10, 5, 4, 1}));
+    torch::manual_seed(60 + rank());
+    const auto x = torch::randn({64, 1024});
+    for (auto* v : {&ps, &qs}) {
+        torch::Tensor loss = torch::zeros({});
+        for (const auto& p : *v) loss = loss + (p * x).square().sum();
+        loss.backward();
+    }
+    over_avg();
+    plain_avg();
+    for (std::size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(ps[i].grad().equal(qs[i].grad())) << "gradient #" << i;
+}
+
 TEST(TorchOverlap, StatsShowWhereTheAveragingWent) {
     torch::manual_seed(8);
     torch::nn::Sequential net(torch::nn::Linear(64, 64), torch::nn::Linear(64, 64),

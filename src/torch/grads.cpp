@@ -283,7 +283,10 @@ constexpr std::size_t kFirstBucketBytes = std::size_t{1} << 20;
 /// kFirstBucketBytes, the others the cap), or once the wire's next two entries
 /// would take it past the cap: a bucket does not wait for the next layer's
 /// weight it has no room for (with two large layers, DDP's rule would start
-/// their bucket only when the second is done). Buckets are numbered in the
+/// their bucket only when the second is done). Towards the end the limit is
+/// half of what the wire has left (not below kFirstBucketBytes): the last
+/// bucket, which only starts when backward() is done, is small, and the ones
+/// before it start while backward() still runs. Buckets are numbered in the
 /// order they open, i.e. of their first entry. Returns the scratch bytes needed.
 std::size_t plan_overlap_buckets(GradState& st, std::size_t cap) {
     st.buckets.clear();
@@ -301,6 +304,9 @@ std::size_t plan_overlap_buckets(GradState& st, std::size_t cap) {
         std::size_t one, two;  // bytes of the next entry and of the one after it
     };
     std::vector<Next> next;
+    // Bytes of each entry and the wire's entries after it.
+    std::vector<std::size_t> rest(st.entries.size(), 0);
+    std::vector<std::pair<MPI_Datatype, std::size_t>> tail;
     for (std::size_t i = st.entries.size(); i-- > 0;) {
         const GradEntry& e = st.entries[i];
         auto n = std::find_if(next.begin(), next.end(), [&](const Next& x) { return x.mpi == e.wire.mpi; });
@@ -308,12 +314,18 @@ std::size_t plan_overlap_buckets(GradState& st, std::size_t cap) {
         ahead[i] = n->one + n->two;
         n->two = n->one;
         n->one = e.numel * e.wire.size;
+        auto t = std::find_if(tail.begin(), tail.end(), [&](const auto& x) { return x.first == e.wire.mpi; });
+        if (t == tail.end()) t = tail.insert(tail.end(), {e.wire.mpi, 0});
+        rest[i] = t->second += n->one;
     }
+    const std::size_t least = std::min(cap, kFirstBucketBytes);
     for (std::size_t i = 0; i < st.entries.size(); ++i) {
         GradEntry& e = st.entries[i];
         auto it = std::find_if(wires.begin(), wires.end(), [&](const OpenBucket& w) { return w.mpi == e.wire.mpi; });
         if (it == wires.end())
-            it = wires.insert(wires.end(), {e.wire.mpi, SIZE_MAX, std::min(cap, kFirstBucketBytes)});
+            it = wires.insert(wires.end(), {e.wire.mpi, SIZE_MAX, least});
+        else if (it->open == SIZE_MAX)
+            it->limit = std::max(least, std::min(cap, rest[i] / 2));
         if (it->open == SIZE_MAX) {
             it->open = st.buckets.size();
             st.buckets.push_back({e.wire, false});
@@ -323,10 +335,7 @@ std::size_t plan_overlap_buckets(GradState& st, std::size_t cap) {
         b.entries += 1;
         b.payload += e.numel;
         const std::size_t bytes = b.payload * e.wire.size;
-        if (bytes >= it->limit || bytes + ahead[i] > cap) {
-            it->open = SIZE_MAX;
-            it->limit = cap;
-        }
+        if (bytes >= it->limit || bytes + ahead[i] > cap) it->open = SIZE_MAX;
     }
     order_entries(st);
     std::size_t largest = 0;
