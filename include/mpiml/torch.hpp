@@ -77,8 +77,9 @@ struct AvgGradsOptions {
     bool gradient_as_bucket_view = false;
     /// GradAverager only: average while backward() still runs. Buckets are
     /// planned in reverse parameter order, each closed once it holds 1 MiB
-    /// (the first) or bucket_cap_bytes (as DDP), or once the next two
-    /// tensors would take it past bucket_cap_bytes; the plan is rebuilt once
+    /// (the first) or bucket_cap_bytes (as DDP), towards the end half of
+    /// what is left (at least 1 MiB, so the last bucket is small), or once
+    /// the next two tensors would take it past bucket_cap_bytes; the plan is rebuilt once
     /// at the first call in the order rank 0's gradients became final (as
     /// DDP), and each bucket is averaged on a communication thread as
     /// soon as every gradient in it is final (a post-hook on each
