@@ -372,9 +372,6 @@ TEST(TorchOverlap, BucketsDoNotWaitForALayerTheyHaveNoRoomFor) {
         EXPECT_TRUE(po[i].grad().equal(pp[i].grad())) << "gradient #" << i;
 }
 
-// overlap_stats(): a call long after backward() finds the averaging done
-// (hidden behind it); a call with no backward() before it runs every bucket
-// itself (nothing hidden).
 // Towards the end of backward() the buckets halve (limit: half of what is
 // left, at least 1 MiB): the last one, started only when backward() is done,
 // is small. 24 tensors of 256 KiB under the default 25 MiB cap.
@@ -408,6 +405,9 @@ TEST(TorchOverlap, BucketsShrinkTowardsTheEnd) {
     for (std::size_t i = 0; i < ps.size(); ++i) EXPECT_TRUE(ps[i].grad().equal(qs[i].grad())) << "gradient #" << i;
 }
 
+// overlap_stats(): a call long after backward() finds the averaging done
+// (hidden behind it); a call with no backward() before it runs every bucket
+// itself (nothing hidden).
 TEST(TorchOverlap, StatsShowWhereTheAveragingWent) {
     torch::manual_seed(8);
     torch::nn::Sequential net(torch::nn::Linear(64, 64), torch::nn::Linear(64, 64),

@@ -1,6 +1,6 @@
 # bench/bench_overlap.py, small: every variant (GradAverager with and without
 # overlap, bucket views, DDP on Gloo and on "mpiml") steps, and the averaged
-# models stay bit-identical.
+# models stay bit-identical (else it exits 1 on every rank).
 if(TARGET _torch AND TARGET _c10d)
   add_test(NAME bench_overlap_py.smoke
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIML_MPIEXEC_FLAGS}
@@ -8,7 +8,6 @@ if(TARGET _torch AND TARGET _c10d)
             --layers=2 --width=256 --batch=16 --steps=2)
   set_tests_properties(bench_overlap_py.smoke PROPERTIES TIMEOUT 120
     FIXTURES_REQUIRED mpiml_python PROCESSORS 2 LABELS "mpi;python;bench;overlap"
-    PASS_REGULAR_EXPRESSION "GradAverager with and without overlap bit-identical: yes"
     FAIL_REGULAR_EXPRESSION "Traceback|bit-identical: NO"
     ENVIRONMENT "PYTHONPATH=${MPIML_PY_TEST_PATH};PYTHONDONTWRITEBYTECODE=1;MPIML_TIMEOUT=60")
 endif()

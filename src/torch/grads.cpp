@@ -302,21 +302,19 @@ std::size_t plan_overlap_buckets(GradState& st, std::size_t cap) {
     struct Next {
         MPI_Datatype mpi;
         std::size_t one, two;  // bytes of the next entry and of the one after it
+        std::size_t after;     // bytes of all the entries after
     };
     std::vector<Next> next;
     // Bytes of each entry and the wire's entries after it.
     std::vector<std::size_t> rest(st.entries.size(), 0);
-    std::vector<std::pair<MPI_Datatype, std::size_t>> tail;
     for (std::size_t i = st.entries.size(); i-- > 0;) {
         const GradEntry& e = st.entries[i];
         auto n = std::find_if(next.begin(), next.end(), [&](const Next& x) { return x.mpi == e.wire.mpi; });
-        if (n == next.end()) n = next.insert(next.end(), {e.wire.mpi, 0, 0});
+        if (n == next.end()) n = next.insert(next.end(), {e.wire.mpi, 0, 0, 0});
         ahead[i] = n->one + n->two;
         n->two = n->one;
         n->one = e.numel * e.wire.size;
-        auto t = std::find_if(tail.begin(), tail.end(), [&](const auto& x) { return x.first == e.wire.mpi; });
-        if (t == tail.end()) t = tail.insert(tail.end(), {e.wire.mpi, 0});
-        rest[i] = t->second += n->one;
+        rest[i] = n->after += n->one;
     }
     const std::size_t least = std::min(cap, kFirstBucketBytes);
     for (std::size_t i = 0; i < st.entries.size(); ++i) {
