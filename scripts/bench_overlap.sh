@@ -2,7 +2,9 @@
 # GradAverager with overlap against without (bench_overlap, LibTorch) and
 # against PyTorch DDP on Gloo and on "mpiml" (bench/bench_overlap.py), on one
 # host and across the 2 hosts of scripts/cluster.sh's cluster (1 rank a host),
-# the link shaped by SHAPE (default "tbf rate 1gbit burst 256kb latency 20ms").
+# the link shaped by SHAPE (default "tbf rate 1gbit burst 256kb latency 20ms");
+# then 64 MiB allreduces across the hosts with and without Open MPI's TCP put
+# (bench/bench_duplex.py).
 #
 #   scripts/bench_overlap.sh [build dir]   (default build; writes build/bench-overlap/)
 #
@@ -43,4 +45,10 @@ trap '"$cl" down > /dev/null 2>&1' EXIT INT TERM
   # shellcheck disable=SC2086
   "$cl" run -np 2 --host h1:1,h2:1 --bind-to none $mpiflags -x PYTHONPATH -x GLOO_SOCKET_IFNAME=eth0 \
     $py "$root/bench/bench_overlap.py" $pyargs
+  # Both directions at once: Open MPI's TCP put (the default) against none.
+  for flags in "" "--mca btl_tcp_flags send,inplace,need-ack,need-csum,hetero-rdma --mca btl_tcp_links 1"; do
+    # shellcheck disable=SC2086
+    "$cl" run -np 2 --host h1:1,h2:1 --bind-to none $mpiflags $flags -x PYTHONPATH -x GLOO_SOCKET_IFNAME=eth0 \
+      $py "$root/bench/bench_duplex.py"
+  done
 } 2>&1 | tee "$out/two-hosts.txt"

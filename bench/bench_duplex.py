@@ -1,0 +1,78 @@
+"""Large allreduces between two hosts, where both directions of the link carry
+data at once: mpiml.allreduce (MPI's allreduce), dist.all_reduce on the
+"mpiml" backend and on Gloo, by turns. Run it once as is (Open MPI's
+emulated put over TCP, two connections under mpiml) and once with
+`--mca btl_tcp_flags send,inplace,need-ack,need-csum,hetero-rdma
+--mca btl_tcp_links 1` (Open MPI 4.1's default flags less put, one
+connection) to see what put costs when both directions carry data.
+
+  mpirun -np 2 --host h1:1,h2:1 /usr/bin/python3 bench/bench_duplex.py [--mib=64] [--calls=6] [--rounds=2]
+
+Rank 0 prints, per variant, the median (fastest, slowest) of the slowest
+rank's call time over all calls, and the rate per direction of the median;
+every rank exits 1 if a sum was wrong.
+"""
+import datetime
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+import common  # noqa: E402
+
+import mpiml  # noqa: E402
+import mpiml.torch  # noqa: E402
+
+
+def main():
+    mib, calls, rounds = (int(common.arg(k, d)) for k, d in (("mib", 64), ("calls", 6), ("rounds", 2)))
+    mpiml.torch.init_process_group(timeout=datetime.timedelta(seconds=300))
+    rank, n = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    x = np.ones(mib << 18, dtype=np.float32)
+    t, g = torch.ones(mib << 18), torch.ones(mib << 18)
+    variants = {
+        "mpiml.allreduce (MPI's allreduce)": lambda: mpiml.allreduce(mpiml.IN_PLACE, x),
+        'dist.all_reduce on "mpiml"': lambda: dist.all_reduce(t),
+        "dist.all_reduce on Gloo": lambda: dist.all_reduce(g, group=gloo),
+    }
+    times = {k: [] for k in variants}
+    for f in variants.values():  # warm-up: connections, buffers
+        f()
+    for _ in range(rounds):
+        for k, f in variants.items():
+            for _ in range(calls):
+                dist.barrier()
+                t0 = time.perf_counter()
+                f()
+                dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+                times[k].append(float(dt[0]))
+    # Each variant's ones, summed in place 1 + rounds * calls times: powers of n, exact.
+    k = 1 + rounds * calls
+    ok = bool(np.all(x == float(n) ** k)) and all(bool(torch.all(y == float(n) ** k)) for y in (t, g))
+    okt = torch.tensor([0 if ok else 1])
+    dist.all_reduce(okt)
+    if rank == 0:
+        flags = os.environ.get("OMPI_MCA_btl_tcp_flags", "Open MPI's default (with put)")
+        print(f"# bench_duplex: {n} ranks, {mib} MiB float32 sum, {rounds} rounds x {calls} calls by turns; "
+              f"btl_tcp_flags {flags}")
+        for k, v in times.items():
+            v.sort()
+            med = v[len(v) // 2]
+            # A 2-rank allreduce sends half the data each way twice (reduce-scatter, allgather)
+            # or all of it once each way: either way `mib` MiB per direction.
+            rate = (mib << 20) * 8 / med / 1e6
+            print(f"{k:36s} {med * 1e3:7.1f} ms ({v[0] * 1e3:.1f}, {v[-1] * 1e3:.1f}), "
+                  f"{rate:5.0f} Mbit/s per direction")
+        print("sums exact on every rank:", "yes" if okt.item() == 0 else "NO")
+    dist.destroy_process_group()
+    return 0 if okt.item() == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
