@@ -53,8 +53,8 @@ def main():
                 dist.all_reduce(dt, op=dist.ReduceOp.MAX)
                 times[k].append(float(dt[0]))
     # Each variant's ones, summed in place 1 + rounds * calls times: powers of n, exact.
-    k = 1 + rounds * calls
-    ok = bool(np.all(x == float(n) ** k)) and all(bool(torch.all(y == float(n) ** k)) for y in (t, g))
+    times_summed = 1 + rounds * calls
+    ok = bool(np.all(x == float(n) ** times_summed)) and all(bool(torch.all(y == float(n) ** times_summed)) for y in (t, g))
     okt = torch.tensor([0 if ok else 1])
     dist.all_reduce(okt)
     if rank == 0:
