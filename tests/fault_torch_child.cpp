@@ -37,6 +37,7 @@ int body(const std::string& mode, int faulty) {
                               torch::nn::Linear(256, 256), torch::nn::Linear(256, 8));
     mpiml::AvgGradsOptions o;
     o.overlap = true;
+    o.overlap_on_one_node = true;  // the overlapped path on one host too
     o.bucket_cap_bytes = 64 << 10;  // one bucket per layer's weight
     o.gradient_as_bucket_view = std::getenv("FAULT_BUCKET_VIEWS") != nullptr;  // views from step 1
     mpiml::GradAverager avg(net, o);

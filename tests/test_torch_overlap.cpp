@@ -6,7 +6,8 @@
 // summed in rank order, with overlap and without, as on shared memory); the
 // plan rebuilt from the backward order; failures on the communication thread
 // surface at the call; overlap_stats() tells hidden averaging from waited;
-// with gradient_as_bucket_view, the gradients stay in the buckets.
+// with gradient_as_bucket_view, the gradients stay in the buckets; on one
+// node overlap averages at the call unless overlap_on_one_node.
 #include <mpiml/mpiml.hpp>
 #include <mpiml/torch.hpp>
 
@@ -131,6 +132,7 @@ void train(std::size_t cap, int micro, bool mpi_path = false, bool quiet = true,
     o.bucket_cap_bytes = cap;
     mpiml::GradAverager plain_avg(plain, o);
     o.overlap = true;
+    o.overlap_on_one_node = true;  // the overlapped path on one host too
     o.quiet_wait = quiet;
     o.gradient_as_bucket_view = views;
     mpiml::GradAverager over_avg(over, o);
@@ -307,6 +309,7 @@ TEST(TorchOverlap, PlanRebuiltFromRankZerosBackwardOrder) {
     o.bucket_cap_bytes = 8;  // a bucket a tensor
     mpiml::GradAverager plain_avg(plain, o);
     o.overlap = true;
+    o.overlap_on_one_node = true;  // the overlapped path on one host too
     mpiml::GradAverager over_avg(over, o);
     using Plan = std::vector<std::vector<std::size_t>>;
     EXPECT_EQ(over_avg.bucket_plan(), (Plan{{5}, {4}, {3}, {2}, {1}, {0}})) << "reverse parameter order";
@@ -357,6 +360,7 @@ TEST(TorchOverlap, BucketsDoNotWaitForALayerTheyHaveNoRoomFor) {
     o.bucket_cap_bytes = 24 * 1024;  // 1.5 weights of 16 KiB
     mpiml::GradAverager plain_avg(plain, o);
     o.overlap = true;
+    o.overlap_on_one_node = true;  // the overlapped path on one host too
     mpiml::GradAverager over_avg(over, o);
     using Plan = std::vector<std::vector<std::size_t>>;
     // Parameters: weight 0, bias 1 of the first layer ... weight 6, bias 7 of the last.
@@ -384,6 +388,7 @@ TEST(TorchOverlap, BucketsShrinkTowardsTheEnd) {
     mpiml::AvgGradsOptions o;
     mpiml::GradAverager plain_avg(qs, o);
     o.overlap = true;
+    o.overlap_on_one_node = true;  // the overlapped path on one host too
     mpiml::GradAverager over_avg(ps, o);
     std::vector<std::size_t> sizes;
     std::size_t expect = 24;
@@ -417,6 +422,7 @@ TEST(TorchOverlap, StatsShowWhereTheAveragingWent) {
     mpiml::GradAverager plain(net, o);
     EXPECT_EQ(plain.overlap_stats().steps, 0u) << "without overlap: none";
     o.overlap = true;
+    o.overlap_on_one_node = true;  // the overlapped path on one host too
     mpiml::GradAverager avg(net, o);
     const auto none = avg.overlap_stats();
     EXPECT_EQ(none.steps, 0u);
@@ -444,12 +450,53 @@ TEST(TorchOverlap, StatsShowWhereTheAveragingWent) {
     EXPECT_GE(at_call.left, at_call.averaging) << "the call waited for all of it";
 }
 
+// Every rank on one node: overlap averages at the call (no plan, no bucket on
+// the thread), the same bits as overlap_on_one_node, which overlaps there too.
+// Across nodes (the cluster runs) both overlap.
+TEST(TorchOverlap, OneNodeAveragesAtTheCall) {
+    if (size() == 1) GTEST_SKIP() << "one rank: nothing to average";
+    MPI_Comm node = MPI_COMM_NULL;
+    ASSERT_EQ(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), MPI_SUCCESS);
+    int node_size = 0;
+    MPI_Comm_size(node, &node_size);
+    MPI_Comm_free(&node);
+    const char* split = std::getenv("MPIML_NODE_SPLIT");  // simulated nodes of this many ranks
+    const int per_node = split != nullptr && std::atoi(split) > 0 ? std::min(std::atoi(split), node_size) : node_size;
+    const bool one_node = per_node == size();
+    auto make = [] {
+        torch::manual_seed(3);
+        return torch::nn::Sequential(torch::nn::Linear(16, 16), torch::nn::Linear(16, 16));
+    };
+    auto a = make(), b = make();
+    mpiml::AvgGradsOptions o;
+    o.overlap = true;
+    o.bucket_cap_bytes = 1024;  // a bucket a tensor
+    mpiml::GradAverager at_call(a, o);
+    o.overlap_on_one_node = true;
+    mpiml::GradAverager overlapped(b, o);
+    EXPECT_EQ(at_call.bucket_plan().empty(), one_node);
+    EXPECT_FALSE(overlapped.bucket_plan().empty());
+    torch::manual_seed(10 + rank());
+    const auto x = torch::randn({4, 16});
+    a->forward(x).square().sum().backward();
+    at_call();
+    b->forward(x).square().sum().backward();
+    overlapped();
+    EXPECT_EQ(at_call.overlap_stats().steps, one_node ? 0u : 1u);
+    EXPECT_EQ(overlapped.overlap_stats().steps, 1u);
+    const auto pa = a->parameters(), pb = b->parameters();
+    ASSERT_EQ(pa.size(), pb.size());
+    for (std::size_t i = 0; i < pa.size(); ++i)
+        EXPECT_TRUE(torch::equal(pa[i].grad(), pb[i].grad())) << "parameter " << i;
+}
+
 using mpiml_test::expect_error;
 
 TEST(TorchOverlap, LocalBadGradientThrowsThereAtTheCall) {
     Net net = make_net();
     mpiml::AvgGradsOptions o;
     o.overlap = true;
+    o.overlap_on_one_node = true;  // the overlapped path on one host too
     o.bucket_cap_bytes = 256;
     mpiml::GradAverager avg(net, o);
     const auto x = torch::randn({4, 5}), y = torch::randn({4, 2});
@@ -476,6 +523,7 @@ TEST(TorchOverlap, FailedCollectiveThrowsEverywhereAtTheCall) {
     auto p = torch::ones({rank() == 1 ? 5 : 4}).requires_grad_();
     mpiml::AvgGradsOptions o;
     o.overlap = true;
+    o.overlap_on_one_node = true;  // the overlapped path on one host too
     mpiml::GradAverager avg(std::vector<torch::Tensor>{p}, o);
     mpiml::set_check(true);  // the bucket's allreduce: counts differ
     (p * 2).sum().backward();
@@ -490,6 +538,7 @@ TEST(TorchOverlap, SecondBackwardWithoutNoSyncIsAnError) {
     auto p = torch::ones({4}).requires_grad_();
     mpiml::AvgGradsOptions o;
     o.overlap = true;
+    o.overlap_on_one_node = true;  // the overlapped path on one host too
     mpiml::GradAverager avg(std::vector<torch::Tensor>{p}, o);
     (p * 2).sum().backward();
     avg();  // waits for the first pass's bucket before the second pass
@@ -507,6 +556,7 @@ TEST(TorchOverlap, NotWithTheFreeFunction) {
     Net net = make_net();
     mpiml::AvgGradsOptions o;
     o.overlap = true;
+    o.overlap_on_one_node = true;  // the overlapped path on one host too
     expect_error([&] { mpiml::mpi_avg_grads(net, o); }, {"mpiml::mpi_avg_grads", "GradAverager"});
 }
 
@@ -518,6 +568,7 @@ TEST(TorchOverlap, BucketViewsOutliveTheAverager) {
     {
         mpiml::AvgGradsOptions o;
         o.overlap = true;
+        o.overlap_on_one_node = true;  // the overlapped path on one host too
         o.gradient_as_bucket_view = true;
         mpiml::GradAverager avg(net, o);
         for (int step = 0; step < 2; ++step) {  // views from the second step
@@ -544,6 +595,7 @@ TEST(TorchOverlap, DestroyedWithoutTheCallEndsTheStep) {
     {
         mpiml::AvgGradsOptions o;
         o.overlap = true;
+        o.overlap_on_one_node = true;  // the overlapped path on one host too
         mpiml::GradAverager avg(std::vector<torch::Tensor>{p}, o);
         (p * static_cast<double>(rank())).sum().backward();
     }  // every rank ends the step: the bucket is averaged
@@ -577,6 +629,7 @@ void options_disagree(bool mpi_path) {
     o.overlap = !last;
     expect_options_disagree(o, "overlap", "false");
     o.overlap = true;
+    o.overlap_on_one_node = true;  // the overlapped path on one host too
     o.quiet_wait = !last;
     expect_options_disagree(o, "quiet_wait", "false");
     o.quiet_wait = true;
@@ -599,6 +652,7 @@ void options_disagree(bool mpi_path) {
     auto p = torch::ones({4}).requires_grad_();
     mpiml::GradAverager plain(std::vector<torch::Tensor>{p}, o);
     o.overlap = true;
+    o.overlap_on_one_node = true;  // the overlapped path on one host too
     o.quiet_wait = true;
     mpiml::GradAverager over(std::vector<torch::Tensor>{p}, o);
     (p * static_cast<double>(rank())).sum().backward();

@@ -94,7 +94,14 @@ struct AvgGradsOptions {
     /// gradients live there as views: averaged in place, with no packing
     /// during backward(); destroying the averager gives them their own
     /// memory back.
+    /// When every rank of comm is on one node, overlap averages at the call
+    /// instead (as without overlap), unless overlap_on_one_node: there the
+    /// averaging is memory-bound work on the cores backward() uses, so it
+    /// cannot be hidden (BENCHMARKS.md: about 80 of 1100 ms were).
     bool overlap = false;
+    /// With overlap: overlap on one node too (for nodes whose cores backward()
+    /// leaves idle, or to test the overlapped path on one host).
+    bool overlap_on_one_node = false;
     /// With overlap: the communication thread waits for the network by
     /// testing its requests with short sleeps in between (its core goes to
     /// backward()); on MPI's path it sums with GradAverager's own
@@ -207,7 +214,8 @@ public:
     /// positions of its parameters in the parameter list (module order).
     /// Planned in reverse parameter order, then rebuilt once, at the first
     /// call, in the order rank 0's gradients became final in that step (the
-    /// same plan on every rank). Empty without overlap or with one rank.
+    /// same plan on every rank). Empty without overlap (or on one node, see
+    /// AvgGradsOptions::overlap_on_one_node) or with one rank.
     std::vector<std::vector<std::size_t>> bucket_plan() const;
 
     /// With overlap: where this rank's averaging of the last step went, in
@@ -219,7 +227,8 @@ public:
         double hidden = 0;        ///< of that, before the call after backward() began
         double left = 0;          ///< the call's own wait for the rest
     };
-    /// All zero without overlap or with one rank.
+    /// All zero without overlap (or on one node, see
+    /// AvgGradsOptions::overlap_on_one_node) or with one rank.
     OverlapStats overlap_stats() const;
 
 private:

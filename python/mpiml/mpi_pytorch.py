@@ -34,7 +34,8 @@ __all__ = ["setup_pytorch_for_mpi", "mpi_avg_grads", "GradAverager", "sync_param
 #   avg = GradAverager(ac.pi, gradient_as_bucket_view=True)
 #   ... loss.backward(); avg(); optimizer.step()
 # overlap=True averages buckets while backward() runs (worth it when the
-# averaging crosses hosts); `with avg.no_sync(): loss.backward()` accumulates.
+# averaging crosses hosts; on one node it averages in avg() unless
+# overlap_on_one_node=True); `with avg.no_sync(): loss.backward()` accumulates.
 # Parameters are taken at construction; construction, each call and
 # destruction are collective (create and drop it at the same point on every
 # rank, or keep it for the whole run).

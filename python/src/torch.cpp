@@ -144,16 +144,18 @@ PYBIND11_MODULE(_torch, m) {
         });
     py::class_<mpiml::GradAverager>(m, "GradAverager",
         "GradAverager(module, comm=None, gradient_as_bucket_view=False, bucket_cap_mb=25,\n"
-        "             overlap=False)\n\n"
+        "             overlap=False, overlap_on_one_node=False)\n\n"
         "mpi_avg_grads for one model, holding its plan: the parameters (taken once, here),\n"
         "buckets and shared memory. avg() averages their gradients across ranks, as\n"
         "mpi_avg_grads(module, ...) does, without re-collecting the parameters or checking\n"
         "the plan each call. Construction, each call and destruction are collective over comm.\n"
         "overlap=True: buckets are averaged on a communication thread while backward() runs\n"
         "(reverse parameter order, as DDP); avg() finishes them. Accumulate several\n"
-        "backward() passes under `with avg.no_sync():`.")
+        "backward() passes under `with avg.no_sync():`. When every rank of comm is on one node,\n"
+        "overlap=True averages in avg() (nothing can be hidden there: the averaging is\n"
+        "memory-bound work on the cores backward() uses) unless overlap_on_one_node=True.")
         .def(py::init([](py::handle module, py::handle comm, bool as_view, double cap_mb,
-                         bool overlap) {
+                         bool overlap, bool one_node) {
                  PySite site;
                  const mpiml::Comm c = to_comm(comm);
                  mpiml::AvgGradsOptions o;
@@ -161,12 +163,13 @@ PYBIND11_MODULE(_torch, m) {
                  auto ts = tensors_of(module, true, false, "mpiml::GradAverager");
                  o.gradient_as_bucket_view = as_view;
                  o.overlap = overlap;
+                 o.overlap_on_one_node = one_node;
                  py::gil_scoped_release nogil;
                  return std::make_unique<mpiml::GradAverager>(ts, o, c);
              }),
              py::arg("module"), py::arg("comm") = py::none(),
              py::arg("gradient_as_bucket_view") = false, py::arg("bucket_cap_mb") = 25.0,
-             py::arg("overlap") = false)
+             py::arg("overlap") = false, py::arg("overlap_on_one_node") = false)
         .def("__call__", [](mpiml::GradAverager& a) {
             PySite site;
             py::gil_scoped_release nogil;
@@ -188,12 +191,14 @@ PYBIND11_MODULE(_torch, m) {
         }, "With overlap=True: where this rank's averaging of the last step went, in seconds:\n"
            "{'steps', 'buckets', 'averaging_s' (the communication thread's time), 'hidden_s'\n"
            "(of that, before avg() was called), 'left_s' (avg()'s own wait)}. All zero\n"
-           "without overlap or with one rank.")
+           "without overlap (or with overlap on one node, see overlap_on_one_node) or with\n"
+           "one rank.")
         .def("bucket_plan", &mpiml::GradAverager::bucket_plan,
              "With overlap=True: the buckets in the order they are averaged, each a list of\n"
              "positions in module.parameters(). Planned in reverse parameter order, rebuilt\n"
              "once at the first call in the order rank 0's gradients became final (the same\n"
-             "plan on every rank). Empty without overlap or with one rank.")
+             "plan on every rank). Empty without overlap (or on one node, see\n"
+             "overlap_on_one_node) or with one rank.")
         .def("__len__", &mpiml::GradAverager::size, "Parameters whose gradients are averaged.");
     m.def("sync_params", [](py::handle module, int root, py::handle comm) {
         PySite site;

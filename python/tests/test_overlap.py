@@ -4,6 +4,8 @@ overlap, with a parameter no rank uses, one only rank 0 uses, a parameter used
 twice, and gradient accumulation under no_sync(); with gradient_as_bucket_view
 too."""
 import copy
+import os
+import socket
 import time
 
 import pytest
@@ -52,7 +54,8 @@ def test_equals_one_process_and_bit_for_bit_without_overlap(cap_mb, micro, as_vi
     torch.manual_seed(99)
     x, y = torch.randn(batch, 5), torch.randn(batch, 2)
     over, plain, ref = Net(), Net(), Net()
-    over_avg = mp.GradAverager(over, bucket_cap_mb=cap_mb, overlap=True, gradient_as_bucket_view=as_view)
+    over_avg = mp.GradAverager(over, bucket_cap_mb=cap_mb, overlap=True, overlap_on_one_node=True,
+                               gradient_as_bucket_view=as_view)
     homes = None  # with views: where the gradients live from the second step on
     plain_avg = mp.GradAverager(plain, bucket_cap_mb=cap_mb)
     opts = [torch.optim.Adam(m.parameters(), lr=1e-2) for m in (over, plain, ref)]
@@ -100,13 +103,13 @@ def test_failure_on_the_communication_thread_names_the_rank():
     was = mpiml.check_enabled()
     mpiml.set_check(False)
     p = nn.Parameter(torch.ones(5 if RANK == 1 else 4))
-    avg = mp.GradAverager([p], overlap=True)
+    avg = mp.GradAverager([p], overlap=True, overlap_on_one_node=True)
     mpiml.set_check(was)
     (p * 2).sum().backward()
     with pytest.raises(mpiml.Error, match=r"on rank %d/%d: .*different" % (RANK, SIZE)):
         avg()
     p2 = nn.Parameter(torch.ones(4))
-    avg2 = mp.GradAverager([p2], overlap=True)
+    avg2 = mp.GradAverager([p2], overlap=True, overlap_on_one_node=True)
     (p2 * RANK).sum().backward()
     avg2()  # a new averager works everywhere
     torch.testing.assert_close(p2.grad, torch.full((4,), (SIZE - 1) / 2))
@@ -117,7 +120,8 @@ def test_overlap_stats_show_where_the_averaging_went():
     torch.manual_seed(8)
     net = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 64))
     assert mp.GradAverager(net).overlap_stats()["steps"] == 0  # without overlap: zeros
-    avg = mp.GradAverager(net, overlap=True, bucket_cap_mb=8 * 1024 / 2**20)  # a bucket a tensor
+    avg = mp.GradAverager(net, overlap=True, overlap_on_one_node=True,
+                          bucket_cap_mb=8 * 1024 / 2**20)  # a bucket a tensor
     assert avg.overlap_stats() == dict(steps=0, buckets=0, averaging_s=0.0, hidden_s=0.0, left_s=0.0)
     MPI.COMM_WORLD.Barrier()
     net(torch.randn(8, 64)).square().sum().backward()
@@ -133,11 +137,40 @@ def test_overlap_stats_show_where_the_averaging_went():
     del avg
 
 
+def test_on_one_node_overlap_averages_at_the_call():
+    # Every rank on one host: overlap=True averages in avg() (no plan, no
+    # bucket on the thread), the same bits as overlap_on_one_node=True, which
+    # overlaps there too.
+    if SIZE == 1:
+        pytest.skip("one rank: nothing to average")
+    hosts = set(MPI.COMM_WORLD.allgather(socket.gethostname()))
+    if len(hosts) > 1 or int(os.environ.get("MPIML_NODE_SPLIT") or 0):
+        pytest.skip("ranks on more than one node")
+
+    def make():
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
+    a, b = make(), make()
+    at_call = mp.GradAverager(a, overlap=True, bucket_cap_mb=1024 / 2**20)
+    overlapped = mp.GradAverager(b, overlap=True, overlap_on_one_node=True, bucket_cap_mb=1024 / 2**20)
+    assert at_call.bucket_plan() == [] and overlapped.bucket_plan() != []
+    torch.manual_seed(10 + RANK)
+    x = torch.randn(4, 16)
+    a(x).square().sum().backward()
+    at_call()
+    b(x).square().sum().backward()
+    overlapped()
+    assert at_call.overlap_stats()["steps"] == 0 and overlapped.overlap_stats()["steps"] == 1
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa.grad, pb.grad)
+    del at_call, overlapped
+
+
 def test_no_sync_is_a_context_manager_without_overlap_too():
     p = nn.Parameter(torch.ones(4))
     for overlap in (False, True):
         p.grad = None
-        avg = mp.GradAverager([p], overlap=overlap)
+        avg = mp.GradAverager([p], overlap=overlap, overlap_on_one_node=True)
         with avg.no_sync():
             (p * RANK).sum().backward()
         (p * 1.0).sum().backward()
@@ -148,7 +181,8 @@ def test_no_sync_is_a_context_manager_without_overlap_too():
 
 @pytest.mark.parametrize("option,mine,last_has", [
     ("overlap", dict(overlap=RANK != SIZE - 1), "false"),
-    ("bucket_cap_bytes", dict(overlap=True, bucket_cap_mb=1 if RANK == SIZE - 1 else 2), str(1 << 20)),
+    ("bucket_cap_bytes", dict(overlap=True, overlap_on_one_node=True, bucket_cap_mb=1 if RANK == SIZE - 1 else 2),
+     str(1 << 20)),
 ])
 def test_options_that_disagree_raise_on_every_rank(option, mine, last_has):
     # Options that change which collectives run must be alike on every rank:
@@ -160,7 +194,7 @@ def test_options_that_disagree_raise_on_every_rank(option, mine, last_has):
                              r"rank %d has %s" % (RANK, SIZE, option, SIZE - 1, last_has)) as err:
         mp.GradAverager([p], **mine)
     assert err.value.rank == RANK and err.value.call == "mpiml::GradAverager"
-    avg = mp.GradAverager([p], overlap=True)  # then alike: works everywhere
+    avg = mp.GradAverager([p], overlap=True, overlap_on_one_node=True)  # then alike: works everywhere
     (p * RANK).sum().backward()
     avg()
     torch.testing.assert_close(p.grad, torch.full((4,), (SIZE - 1) / 2))
@@ -170,7 +204,7 @@ def test_options_that_disagree_raise_on_every_rank(option, mine, last_has):
 def test_bucket_plan_is_rebuilt_in_rank_0s_order():
     heads = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))  # parameters 0-1, 2-3, 4-5
     assert mp.GradAverager(heads).bucket_plan() == []  # without overlap
-    avg = mp.GradAverager(heads, overlap=True, bucket_cap_mb=8 * 8 * 4 / 2**20)
+    avg = mp.GradAverager(heads, overlap=True, overlap_on_one_node=True, bucket_cap_mb=8 * 8 * 4 / 2**20)
     before = avg.bucket_plan()
     assert sorted(i for b in before for i in b) == list(range(6)) and set(before[0]) <= {4, 5}
     x = torch.randn(4, 8)

@@ -811,6 +811,7 @@ void agree_options(const AvgGradsOptions& opts, MPI_Comm comm, const char* call)
     const Setting settings[] = {
         {"overlap", opts.overlap, true},
         {"quiet_wait", opts.overlap ? opts.quiet_wait : true, true, /*only_if overlap*/ 0},
+        {"overlap_on_one_node", opts.overlap && opts.overlap_on_one_node, true, /*only_if overlap*/ 0},
         {"gradient_as_bucket_view", opts.gradient_as_bucket_view, true},
         {"bucket_cap_bytes", static_cast<std::int64_t>(opts.bucket_cap_bytes)},
     };
@@ -1194,11 +1195,19 @@ struct GradAveragerImpl {
 
 namespace {
 
+// True when the ranks of comm span more than one node (as the shared-memory
+// path groups them: MPIML_NODE_SPLIT's simulated nodes count). Collective.
+bool spans_nodes(MPI_Comm comm) {
+    const std::vector<int> node = detail::node_numbers(comm, kAveragerCall);
+    return std::any_of(node.begin(), node.end(), [](int n) { return n > 0; });
+}
+
 std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Tensor>& params,
-                                                        const AvgGradsOptions& opts, MPI_Comm comm,
+                                                        const AvgGradsOptions& asked, MPI_Comm comm,
                                                         const std::vector<std::string>* descs) {
     const int size = num_procs(comm);
-    if (size > 1) agree_options(opts, comm, kAveragerCall);
+    if (size > 1) agree_options(asked, comm, kAveragerCall);
+    AvgGradsOptions opts = asked;  // alike on every rank (agreed)
     if (opts.overlap) {  // alike on every rank (agreed): before any other collective
         int provided = MPI_THREAD_SINGLE;
         MPI_Query_thread(&provided);
@@ -1210,6 +1219,8 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
                              ": start MPI with mpiml::Session(argc, argv, {.thread_level = "
                              "MPI_THREAD_SERIALIZED})");
     }
+    if (opts.overlap && size > 1 && !opts.overlap_on_one_node && !spans_nodes(comm))
+        opts.overlap = false;  // one node: nothing to hide (see AvgGradsOptions::overlap)
     if (descs) verify_same(*descs, -1, comm, kAveragerCall);
     auto impl = std::make_unique<detail::GradAveragerImpl>();
     impl->comm = comm;
