@@ -62,6 +62,8 @@ void prefer_tcp_links() {
     setenv("OMPI_MCA_btl_tcp_links", "2", /*overwrite=*/0);
 #endif
 }
+
+#ifdef OPEN_MPI
 // Ranks that exchange a first message right after MPI_Init: every other rank
 // up to 64 ranks, beyond that the ranks 2^k away (the partners of ring,
 // recursive-doubling and Bruck exchanges).
@@ -78,7 +80,6 @@ std::vector<int> first_peers(int rank, int size) {
     return peers;
 }
 
-#ifdef OPEN_MPI
 // The launcher's barrier (PMIx_Fence), which waits without progressing MPI:
 // through the PMIx library Open MPI loaded; false when it loaded none.
 bool launcher_fence() {
