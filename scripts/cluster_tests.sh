@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Tests across hosts on scripts/cluster.sh's cluster (2 hosts, TCP between them):
 # the test binaries at 2 hosts x 2 ranks and 2 x 1, simulated nodes against
-# real ones bit for bit, faults on one host, a TCP connection per direction,
-# mpiml-ppo spanning both hosts, then 3 hosts (equal and unequal nodes).
+# real ones bit for bit, faults on one host, mpiml-ppo spanning both hosts,
+# then 3 hosts (equal and unequal nodes).
 #
 #   scripts/cluster_tests.sh [build dir]     (default: build)
 #
@@ -189,37 +189,6 @@ if [ -d "$pypath/mpiml" ]; then
   REPORT_SOURCE=$root/python/tests/hang_child.py report_case report.py.hang hang /usr/bin/python3 "$root/python/tests/hang_child.py"
 else
   echo "  skip  report.py.hang (no installed Python package at $pypath)"
-fi
-
-# Between two hosts each direction has a TCP connection of its own (Open MPI,
-# two links; over one, crossing large messages move one after the other):
-# 6 jobs with the CPU loaded, so ranks leave MPI_Init far apart, and a control
-# job whose first exchange makes both directions share one connection.
-name=tcp.connection_per_direction
-if ! picked $name; then
-  :
-elif [ -d "$pypath/mpiml" ]; then
-  echo "-- TCP connections between two hosts: one per direction"
-  t0=$(date +%s.%N)
-  rc=0
-  : > "$log/$name.log"
-  hogs=()
-  for k in 1 2 3; do timeout 120 /usr/bin/python3 -c "while True: pass" & hogs+=($!); done
-  for i in 1 2 3 4 5 6; do
-    timeout 60 "$cl" run -np 2 --host h1:1,h2:1 -x PYTHONPATH="$pypath" /usr/bin/python3 \
-      "$root/python/tests/tcp_directions.py" mpiml >> "$log/$name.log" 2>&1 || rc=1
-  done
-  kill "${hogs[@]}" 2> /dev/null
-  wait "${hogs[@]}" 2> /dev/null
-  timeout 60 "$cl" run -np 2 --host h1:1,h2:1 -x PYTHONPATH="$pypath" /usr/bin/python3 \
-    "$root/python/tests/tcp_directions.py" control >> "$log/$name.log" 2>&1 || rc=1
-  # 14 results, one a rank (two ranks' lines may share one line)
-  ok=$(grep -o ': as expected' "$log/$name.log" | wc -l)
-  [ "$ok" -eq 14 ] || rc=1
-  hosts_empty >> "$log/$name.log" || rc=1
-  result $name $rc "($ok of 14 ranks' connections as expected, $(secs "$t0") s)"
-else
-  echo "  skip  $name (no installed Python package at $pypath)"
 fi
 
 # MPICH: the same hosts through Hydra's rsh launcher and the same agent, with

@@ -8,17 +8,13 @@
 #include <mpiml/failure.hpp>
 #include <mpiml/session.hpp>
 
-#include <algorithm>
 #include <cmath>
-#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
 #include <string>
 #include <vector>
-
-#include <dlfcn.h>
 
 namespace mpiml {
 namespace detail {
@@ -62,77 +58,6 @@ void prefer_tcp_links() {
     setenv("OMPI_MCA_btl_tcp_links", "2", /*overwrite=*/0);
 #endif
 }
-
-#ifdef OPEN_MPI
-// Ranks that exchange a first message right after MPI_Init: every other rank
-// up to 64 ranks, beyond that the ranks 2^k away (the partners of ring,
-// recursive-doubling and Bruck exchanges).
-std::vector<int> first_peers(int rank, int size) {
-    std::vector<int> peers;
-    if (size <= 64) {
-        for (int p = 1; p < size; ++p) peers.push_back((rank + p) % size);
-        return peers;
-    }
-    for (long d = 1; d < size; d *= 2)
-        for (long p : {(rank + d) % size, (rank - d + size) % size})
-            if (std::find(peers.begin(), peers.end(), static_cast<int>(p)) == peers.end())
-                peers.push_back(static_cast<int>(p));
-    return peers;
-}
-
-// The launcher's barrier (PMIx_Fence), which waits without progressing MPI:
-// through the PMIx library Open MPI loaded; false when it loaded none.
-bool launcher_fence() {
-    void* lib = dlopen("libpmix.so.2", RTLD_NOW | RTLD_NOLOAD);
-    if (lib == nullptr) return false;
-    struct Proc {  // pmix_proc_t
-        char nspace[256];
-        std::uint32_t rank;
-    };
-    using Init = int (*)(Proc*, void*, std::size_t);
-    using Fence = int (*)(const Proc*, std::size_t, const void*, std::size_t);
-    using Finalize = int (*)(const void*, std::size_t);
-    auto init = reinterpret_cast<Init>(dlsym(lib, "PMIx_Init"));
-    auto fence = reinterpret_cast<Fence>(dlsym(lib, "PMIx_Fence"));
-    auto finalize = reinterpret_cast<Finalize>(dlsym(lib, "PMIx_Finalize"));
-    bool done = false;
-    Proc me{};
-    if (init && fence && finalize && init(&me, nullptr, 0) == 0) {  // 0: PMIX_SUCCESS
-        done = fence(nullptr, 0, nullptr, 0) == 0;  // every process of the job
-        finalize(nullptr, 0);
-    }
-    dlclose(lib);
-    return done;
-}
-#endif
-
-// Open MPI over TCP with two links: a connection per direction only when both
-// ranks start connecting before either accepts the other's connection (one
-// accepted first takes the first link, and both ranks then send over it).
-// Over one, Open MPI's emulated put moves two crossing messages one after the
-// other (BENCHMARKS.md, overlap). A rank still waiting in MPI_Init accepts
-// connections, so every rank first waits until all have left it (the
-// launcher's barrier), then sends to its peers before it waits for anything.
-void open_tcp_connections(int rank, int size) {
-#ifdef OPEN_MPI
-    if (size < 2) return;
-    launcher_fence();  // without PMIx: the same exchange, only less certain
-    const std::vector<int> peers = first_peers(rank, size);
-    std::vector<MPI_Request> reqs(2 * peers.size(), MPI_REQUEST_NULL);
-    static char none;
-    constexpr int tag = 32767;  // every MPI supports tags up to 32767
-    for (std::size_t i = 0; i < peers.size(); ++i)
-        check_mpi(MPI_Isend(&none, 0, MPI_BYTE, peers[i], tag, MPI_COMM_WORLD, &reqs[i]), "MPI_Init");
-    for (std::size_t i = 0; i < peers.size(); ++i)
-        check_mpi(MPI_Irecv(&none, 0, MPI_BYTE, peers[i], tag, MPI_COMM_WORLD, &reqs[peers.size() + i]),
-                  "MPI_Init");
-    check_mpi(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), "MPI_Init");
-#else
-    (void)rank;
-    (void)size;
-#endif
-}
-
 // Registered after atexit_finalize, so it runs first and the guard knows the status.
 void record_exit_status(int status, void*) { set_exit_status(status); }
 
@@ -157,7 +82,6 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
     MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &s.world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &s.world_size);
-    if (s.we_initialized) open_tcp_connections(s.world_rank, s.world_size);
     check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, on_self_delete, &self_keyval, nullptr),
               "MPI_Comm_create_keyval");
     check_mpi(MPI_Comm_set_attr(MPI_COMM_SELF, self_keyval, nullptr), "MPI_Comm_set_attr");
