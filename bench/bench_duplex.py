@@ -1,10 +1,10 @@
 """Large allreduces between two hosts, where both directions of the link carry
 data at once: mpiml.allreduce (MPI's allreduce), dist.all_reduce on the
-"mpiml" backend and on Gloo, by turns. Run it once as is (Open MPI's
-emulated put over TCP, two connections under mpiml) and once with
-`--mca btl_tcp_flags send,inplace,need-ack,need-csum,hetero-rdma
---mca btl_tcp_links 1` (Open MPI 4.1's default flags less put, one
-connection) to see what put costs when both directions carry data.
+"mpiml" backend and on Gloo, by turns. Run it once as is (under mpiml,
+put off: the send protocol over one connection) and once with
+`--mca btl_tcp_flags send,put,inplace,need-ack,need-csum,hetero-rdma`
+(Open MPI 4.1's default flags: its emulated put over TCP) to see what put
+costs when both directions carry data.
 
   mpirun -np 2 --host h1:1,h2:1 /usr/bin/python3 bench/bench_duplex.py [--mib=64] [--calls=6] [--rounds=2]
 

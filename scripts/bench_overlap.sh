@@ -45,8 +45,8 @@ trap '"$cl" down > /dev/null 2>&1' EXIT INT TERM
   # shellcheck disable=SC2086
   "$cl" run -np 2 --host h1:1,h2:1 --bind-to none $mpiflags -x PYTHONPATH -x GLOO_SOCKET_IFNAME=eth0 \
     $py "$root/bench/bench_overlap.py" $pyargs
-  # Both directions at once: Open MPI's TCP put (the default) against none.
-  for flags in "" "--mca btl_tcp_flags send,inplace,need-ack,need-csum,hetero-rdma --mca btl_tcp_links 1"; do
+  # Both directions at once: put off (mpiml's default) against Open MPI's TCP put.
+  for flags in "" "--mca btl_tcp_flags send,put,inplace,need-ack,need-csum,hetero-rdma"; do
     # shellcheck disable=SC2086
     "$cl" run -np 2 --host h1:1,h2:1 --bind-to none $mpiflags $flags -x PYTHONPATH -x GLOO_SOCKET_IFNAME=eth0 \
       $py "$root/bench/bench_duplex.py"

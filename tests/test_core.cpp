@@ -327,28 +327,66 @@ TEST(Core, QuietWaitPace) {
     EXPECT_EQ(slow.cap(), WaitPace::kLongestCap);
 }
 
-// Open MPI: mpiml asks for two TCP connections to each peer on another host
-// unless the job set btl_tcp_links (MPIML_TEST_TCP_LINKS: the value the
-// launch chose). Read back through MPI_T, as Open MPI itself sees it.
-TEST(Core, OpenMpiTcpLinks) {
+// Every rank to every other: a synchronous send, then a standard one, while
+// the receiver only receives (its acknowledgement of the first is the only
+// thing it sends). Across hosts with two TCP connections to a peer
+// (btl_tcp_links 2), Open MPI 4.1 held that acknowledgement back when the
+// message came in over the peer's connection, and the sender waited forever.
+TEST(Core, SynchronousSendThenSend) {
+    const int size = mpiml::num_procs();
+    const int me = rank();
+    for (int from = 0; from < size; ++from)
+        for (int to = 0; to < size; ++to) {
+            if (from == to) continue;
+            std::array<double, 2> msg{static_cast<double>(from), static_cast<double>(to)};
+            if (me == from) {
+                ASSERT_EQ(MPI_Ssend(msg.data(), 2, MPI_DOUBLE, to, 41, MPI_COMM_WORLD), MPI_SUCCESS);
+                ASSERT_EQ(MPI_Send(msg.data(), 2, MPI_DOUBLE, to, 42, MPI_COMM_WORLD), MPI_SUCCESS);
+            } else if (me == to) {
+                for (int tag : {41, 42}) {
+                    std::array<double, 2> got{};
+                    ASSERT_EQ(MPI_Recv(got.data(), 2, MPI_DOUBLE, from, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+                              MPI_SUCCESS);
+                    EXPECT_EQ(got, msg) << "rank " << me << " from " << from << ", tag " << tag;
+                }
+            }
+        }
+    mpiml::barrier();
+}
+
+#ifdef OPEN_MPI
+// An Open MPI parameter as Open MPI itself sees it, through MPI_T.
+unsigned ompi_param(const char* name) {
+    int provided = 0;
+    EXPECT_EQ(MPI_T_init_thread(MPI_THREAD_SINGLE, &provided), MPI_SUCCESS);
+    int index = -1;
+    EXPECT_EQ(MPI_T_cvar_get_index(name, &index), MPI_SUCCESS) << name;
+    MPI_T_cvar_handle handle{};
+    int count = 0;
+    EXPECT_EQ(MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count), MPI_SUCCESS) << name;
+    EXPECT_EQ(count, 1) << name;
+    unsigned value = 0;
+    EXPECT_EQ(MPI_T_cvar_read(handle, &value), MPI_SUCCESS) << name;
+    MPI_T_cvar_handle_free(&handle);
+    MPI_T_finalize();
+    return value;
+}
+#endif
+
+// Open MPI: mpiml turns TCP's put off unless the job set btl_tcp_flags
+// (MPIML_TEST_TCP_FLAGS: the value the launch chose), and leaves the one
+// connection to each peer (btl_tcp_links) as Open MPI has it.
+TEST(Core, OpenMpiTcpFlags) {
 #ifndef OPEN_MPI
     GTEST_SKIP() << "Open MPI only";
 #else
-    const char* want_s = std::getenv("MPIML_TEST_TCP_LINKS");
-    const unsigned want = want_s ? static_cast<unsigned>(std::stoul(want_s)) : 2U;
-    int provided = 0;
-    ASSERT_EQ(MPI_T_init_thread(MPI_THREAD_SINGLE, &provided), MPI_SUCCESS);
-    int index = -1;
-    ASSERT_EQ(MPI_T_cvar_get_index("btl_tcp_links", &index), MPI_SUCCESS);
-    MPI_T_cvar_handle handle{};
-    int count = 0;
-    ASSERT_EQ(MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count), MPI_SUCCESS);
-    ASSERT_EQ(count, 1);
-    unsigned links = 0;
-    ASSERT_EQ(MPI_T_cvar_read(handle, &links), MPI_SUCCESS);
-    MPI_T_cvar_handle_free(&handle);
-    MPI_T_finalize();
-    EXPECT_EQ(links, want) << "rank " << rank();
+    constexpr unsigned send = 0x1, put = 0x2;  // MCA_BTL_FLAGS_SEND, _PUT
+    const unsigned flags = ompi_param("btl_tcp_flags");
+    if (const char* want = std::getenv("MPIML_TEST_TCP_FLAGS"))
+        EXPECT_EQ(flags, static_cast<unsigned>(std::stoul(want, nullptr, 0))) << "rank " << rank();
+    else
+        EXPECT_EQ(flags & (send | put), send) << "rank " << rank() << ": btl_tcp_flags " << flags;
+    EXPECT_EQ(ompi_param("btl_tcp_links"), 1U) << "rank " << rank();
 #endif
 }
 

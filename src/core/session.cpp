@@ -50,12 +50,16 @@ int on_self_delete(MPI_Comm, int, void*, void*) {
 
 void atexit_finalize() { mpiml::finalize(); }
 
-// Open MPI between hosts: two TCP connections to each peer unless the user
-// chose (mpirun --mca btl_tcp_links N sets this variable). Over one, large
-// messages often moved at half the link's rate (BENCHMARKS.md, overlap).
-void prefer_tcp_links() {
+// Open MPI between hosts: large messages by the send protocol, not TCP's
+// emulated put, unless the job chose (mpirun --mca btl_tcp_flags sets this
+// variable). Over the one connection to each peer, put moved messages that
+// cross at half the link's rate (BENCHMARKS.md, overlap). A second
+// connection (btl_tcp_links 2) is no cure: Open MPI 4.1 then holds back the
+// acknowledgement of a synchronous send that came in over it, and the sender
+// can wait forever (docs/CLUSTER.md).
+void prefer_tcp_send() {
 #ifdef OPEN_MPI
-    setenv("OMPI_MCA_btl_tcp_links", "2", /*overwrite=*/0);
+    setenv("OMPI_MCA_btl_tcp_flags", "send,inplace,need-ack,need-csum,hetero-rdma", /*overwrite=*/0);
 #endif
 }
 // Registered after atexit_finalize, so it runs first and the guard knows the status.
@@ -70,7 +74,7 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
     if (flag) fail(call, "MPI has been finalized; no mpiml call may follow MPI_Finalize");
     MPI_Initialized(&flag);
     if (!flag) {
-        prefer_tcp_links();
+        prefer_tcp_send();
         check_mpi(MPI_Init_thread(argc, argv, opts.thread_level, &s.provided), "MPI_Init_thread");
         s.we_initialized = true;
         std::atexit(atexit_finalize);
