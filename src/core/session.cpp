@@ -9,6 +9,7 @@
 #include <mpiml/session.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -62,6 +63,32 @@ void prefer_tcp_send() {
     setenv("OMPI_MCA_btl_tcp_flags", "send,inplace,need-ack,need-csum,hetero-rdma", /*overwrite=*/0);
 #endif
 }
+// Open MPI 4.1 with two TCP links or more can hang a job (docs/CLUSTER.md):
+// rank 0 says so once when the job asked for them.
+void warn_tcp_links(int rank) {
+#if defined(OPEN_MPI) && OMPI_MAJOR_VERSION <= 4
+    if (rank != 0) return;
+    int provided = 0;
+    if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return;
+    int index = -1, count = 0;
+    unsigned links = 1;
+    MPI_T_cvar_handle handle{};
+    if (MPI_T_cvar_get_index("btl_tcp_links", &index) == MPI_SUCCESS &&
+        MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS) {
+        if (count == 1) MPI_T_cvar_read(handle, &links);
+        MPI_T_cvar_handle_free(&handle);
+    }
+    MPI_T_finalize();
+    if (links > 1)
+        std::fprintf(stderr,
+                     "[mpiml] rank 0: btl_tcp_links %u: Open MPI 4.1 can hang a synchronous send (and "
+                     "MPI_Barrier) between hosts with more than one TCP link; use 1 (docs/CLUSTER.md)\n",
+                     links);
+#else
+    (void)rank;
+#endif
+}
+
 // Registered after atexit_finalize, so it runs first and the guard knows the status.
 void record_exit_status(int status, void*) { set_exit_status(status); }
 
@@ -86,6 +113,7 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
     MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &s.world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &s.world_size);
+    warn_tcp_links(s.world_rank);
     check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, on_self_delete, &self_keyval, nullptr),
               "MPI_Comm_create_keyval");
     check_mpi(MPI_Comm_set_attr(MPI_COMM_SELF, self_keyval, nullptr), "MPI_Comm_set_attr");
