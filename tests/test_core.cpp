@@ -2,6 +2,7 @@
 #include <mpiml/mpiml.hpp>
 
 #include "backends/mpi/pace.hpp"
+#include "core/state.hpp"
 
 #include <gtest/gtest.h>
 
@@ -355,10 +356,12 @@ TEST(Core, SynchronousSendThenSend) {
 }
 
 #ifdef OPEN_MPI
-// An Open MPI parameter as Open MPI itself sees it, through MPI_T.
+// An Open MPI parameter as Open MPI itself sees it, through MPI_T (whose
+// init sets MPI's thread level to the one it is given: the level MPI has).
 unsigned ompi_param(const char* name) {
-    int provided = 0;
-    EXPECT_EQ(MPI_T_init_thread(MPI_THREAD_SINGLE, &provided), MPI_SUCCESS);
+    int level = MPI_THREAD_SINGLE, provided = 0;
+    MPI_Query_thread(&level);
+    EXPECT_EQ(MPI_T_init_thread(level, &provided), MPI_SUCCESS);
     int index = -1;
     EXPECT_EQ(MPI_T_cvar_get_index(name, &index), MPI_SUCCESS) << name;
     MPI_T_cvar_handle handle{};
@@ -390,6 +393,9 @@ TEST(Core, OpenMpiTcpFlags) {
     const char* links = std::getenv("MPIML_TEST_TCP_LINKS");  // the job's own choice
     EXPECT_EQ(ompi_param("btl_tcp_links"), links ? static_cast<unsigned>(std::stoul(links)) : 1U)
         << "rank " << rank();
+    int after = MPI_THREAD_SINGLE;  // mpiml's own read of btl_tcp_links left it alone
+    MPI_Query_thread(&after);
+    EXPECT_EQ(after, mpiml::detail::state().provided) << "rank " << rank();
 #endif
 }
 

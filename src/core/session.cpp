@@ -68,8 +68,11 @@ void prefer_tcp_send() {
 void warn_tcp_links(int rank) {
 #if defined(OPEN_MPI) && OMPI_MAJOR_VERSION <= 4
     if (rank != 0) return;
-    int provided = 0;
-    if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return;
+    // Open MPI's MPI_T_init_thread sets MPI's thread level to the one it is
+    // given: give it the level MPI has.
+    int level = MPI_THREAD_SINGLE, provided = 0;
+    MPI_Query_thread(&level);
+    if (MPI_T_init_thread(level, &provided) != MPI_SUCCESS) return;
     int index = -1, count = 0;
     unsigned links = 1;
     MPI_T_cvar_handle handle{};
