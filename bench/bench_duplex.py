@@ -58,7 +58,7 @@ def main():
     okt = torch.tensor([0 if ok else 1])
     dist.all_reduce(okt)
     if rank == 0:
-        flags = os.environ.get("OMPI_MCA_btl_tcp_flags", "Open MPI's default (with put)")
+        flags = os.environ.get("OMPI_MCA_btl_tcp_flags", "mpiml's default (put off)")
         print(f"# bench_duplex: {n} ranks, {mib} MiB float32 sum, {rounds} rounds x {calls} calls by turns; "
               f"btl_tcp_flags {flags}")
         for k, v in times.items():
