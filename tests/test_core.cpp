@@ -393,7 +393,7 @@ TEST(Core, OpenMpiTcpFlags) {
     const char* links = std::getenv("MPIML_TEST_TCP_LINKS");  // the job's own choice
     EXPECT_EQ(ompi_param("btl_tcp_links"), links ? static_cast<unsigned>(std::stoul(links)) : 1U)
         << "rank " << rank();
-    int after = MPI_THREAD_SINGLE;  // mpiml's own read of btl_tcp_links left it alone
+    int after = MPI_THREAD_SINGLE;  // ompi_param's MPI_T init left MPI's thread level alone
     MPI_Query_thread(&after);
     EXPECT_EQ(after, mpiml::detail::state().provided) << "rank " << rank();
 #endif
