@@ -710,24 +710,29 @@ constexpr auto hang_answer = std::chrono::milliseconds(4200);     // an asker wa
 constexpr auto hang_end = std::chrono::milliseconds(4800);        // then for the end, from its expiry
 constexpr auto hang_end_after = std::chrono::milliseconds(1000);  // but at least this after DONE
 
-// "[mpiml] rank R/N: <what> - aborting the job", as failure.cpp prints it.
-std::string abort_line(const std::string& hang_request) {
+// "[mpiml] rank R/N: <what><tail>" of a request "R <what>"; with the tail
+// " - aborting the job" as failure.cpp prints it.
+std::string rank_line(const std::string& hang_request, const char* tail = " - aborting the job") {
     const auto sp = hang_request.find(' ');
     return "[mpiml] rank " + hang_request.substr(0, sp) + "/" + std::to_string(agent().size) + ": " +
-           (sp == std::string::npos ? std::string() : hang_request.substr(sp + 1)) + " - aborting the job\n";
+           (sp == std::string::npos ? std::string() : hang_request.substr(sp + 1)) + tail + "\n";
 }
 
-// Rank 0's agent, asked by a rank whose watchdog expired: one report, the
-// abort line of every rank that asked meanwhile (their requests wait in the
-// listen queue while the report is made), then this rank ends the job. The
+// Rank 0's agent, asked by a rank whose watchdog expired: that rank's line,
+// one report, the abort line of every rank that asked meanwhile (their
+// requests wait in the listen queue while the report is made), then this
+// rank ends the job. The
 // end comes from the rank that printed, so that the launcher has forwarded
 // the whole report before it kills anyone.
 [[noreturn]] void end_job_after_report(int fd, const std::string& first) {
     auto& a = agent();
     const auto sp = first.find(' ');
+    // The first line comes before the gathering: a launcher that ends the job
+    // meanwhile (a lost host) leaves at least which rank waited where.
+    write_stderr(rank_line(first, " - gathering where every rank is"));
     make_report(sp == std::string::npos ? first : first.substr(sp + 1), hang_gather_ms);
     std::vector<int> askers{fd};
-    std::string lines = abort_line(first);
+    std::string lines = rank_line(first);
     const std::string prefix = cookie_hex(a.cards[0].cookie) + " HANG ";
     const auto until = Clock::now() + std::chrono::milliseconds(100);
     while (wait_fd(a.listen_fd, POLLIN, until) > 0) {
@@ -736,7 +741,7 @@ std::string abort_line(const std::string& hang_request) {
         std::string req;
         if (recv_until(c, req, until, true) && req.rfind(prefix, 0) == 0) {
             req.resize(req.find('\n'));
-            lines += abort_line(req.substr(prefix.size()));
+            lines += rank_line(req.substr(prefix.size()));
             askers.push_back(c);
         } else {
             ::close(c);  // a section or report request: the job ends anyway
