@@ -3,7 +3,7 @@ GradAverager() and PyTorch DDP (on Gloo and on the "mpiml" torch.distributed
 backend), on the training step of the same large model as bench_overlap.cpp,
 from Python.
 
-  mpirun -np 2 /usr/bin/python3 bench/bench_overlap.py [--resnet50=1 [--image=112]]
+  mpirun -np 2 /usr/bin/python3 bench/bench_overlap.py [--resnet50=1 [--image=96]]
       [--layers=8] [--width=2048] [--batch=64] [--steps=10] [--threads=1]
 
 Every variant has its own copy of the model and takes the same data; their
@@ -78,7 +78,7 @@ def slowest(t):
 
 def main():
     layers, width = int(common.arg("layers", 8)), int(common.arg("width", 2048))
-    resnet, image = int(common.arg("resnet50", 0)) != 0, int(common.arg("image", 112))
+    resnet, image = int(common.arg("resnet50", 0)) != 0, int(common.arg("image", 96))
 
     def model():
         return resnet50() if resnet else mlp(layers, width)
