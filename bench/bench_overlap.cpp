@@ -45,6 +45,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <sys/resource.h>
@@ -113,17 +114,12 @@ double now() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-/// CPU seconds (user and system) of this process so far.
-double cpu() {
+/// CPU seconds of this process so far: user + system, and system alone.
+std::pair<double, double> cpu() {
     rusage u{};
     ::getrusage(RUSAGE_SELF, &u);
-    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
-}
-double sys_cpu() {
-    rusage u{};
-    ::getrusage(RUSAGE_SELF, &u);
-    return static_cast<double>(u.ru_stime.tv_sec) + static_cast<double>(u.ru_stime.tv_usec) * 1e-6;
+    const auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
+    return {sec(u.ru_utime) + sec(u.ru_stime), sec(u.ru_stime)};
 }
 
 double median(std::vector<double> v) {
@@ -178,7 +174,8 @@ int main(int argc, char** argv) {
         auto run = [&](torch::nn::Sequential& m, torch::optim::SGD& opt, mpiml::GradAverager* avg,
                        std::vector<double>& out, std::vector<double>* avg_only) {
             MPI_Barrier(MPI_COMM_WORLD);
-            const double t0 = now(), c0 = cpu(), s0 = sys_cpu();
+            const double t0 = now();
+            const auto [c0, s0] = cpu();
             opt.zero_grad();
             const auto l = loss(m->forward(x));
             const double tf = now();
@@ -188,7 +185,8 @@ int main(int argc, char** argv) {
             if (avg) (*avg)();
             const double t2 = now();
             opt.step();
-            const double t3 = now(), c3 = cpu(), s3 = sys_cpu();
+            const double t3 = now();
+            const auto [c3, s3] = cpu();
             const double total = bench::max_over_ranks(t3 - t0), avg_t = bench::max_over_ranks(t2 - t1);
             if (step >= 0) {
                 out.push_back(total);
