@@ -55,7 +55,8 @@ void quiet_wait(int n, MPI_Request* req, std::size_t bytes, const char* call) {
 struct Own {
     MPI_Comm dup = MPI_COMM_NULL;
     std::vector<std::vector<int>> nodes;
-    bool one_a_node = false;  // every node has one rank: node k is rank k
+    std::vector<int> node_of;  // rank q's node
+    bool one_a_node = false;   // every node has one rank: node k is rank k
 };
 std::mutex& own_mutex() {
     static auto* m = new std::mutex;
@@ -99,6 +100,7 @@ const Own& own_comm(MPI_Comm comm, const char* call) {
     }
     auto o = std::make_unique<Own>();
     const std::vector<int> node = node_numbers(comm, call);
+    o->node_of = node;
     for (std::size_t q = 0; q < node.size(); ++q) {
         if (o->nodes.size() <= static_cast<std::size_t>(node[q])) o->nodes.resize(node[q] + 1);
         o->nodes[node[q]].push_back(static_cast<int>(q));
@@ -117,15 +119,21 @@ const Own& own_comm(MPI_Comm comm, const char* call) {
 // Bytes of buf reduced per round of ordered_allreduce (bounds its scratch).
 constexpr std::size_t kOrderedPiece = std::size_t{32} << 20;
 
+// Between nodes ordered_allreduce sends in messages of at most this many
+// bytes: below the eager limits of Open MPI's TCP transport (64 KiB) and
+// MPICH's (128 KiB), so the data goes without a rendezvous, whose
+// acknowledgement would wait behind the megabytes this rank has queued on
+// the same connection the other way while the peer's direction idles.
+constexpr std::size_t kEagerPiece = 64000;
+
 // In place, count elements at buf over the p ranks of comm, every element
 // summed in the shared-memory path's order however the buffer is cut: in
 // pieces of kOrderedPiece bytes, rank q owns slice q of a piece, gets the
 // other ranks' parts of it (reduce-scatter), sums them (each node's in rank
 // order, then the nodes' sums in node order) and sends the sum to every rank
-// (allgather). Each round is p - 1 steps of one message each way, waited by
-// wait_all (quietly when the thread asked): a ring's traffic, 2 (p - 1) / p
-// of the buffer each way per rank (all of a round's messages at once were
-// not faster across hosts).
+// (allgather). Each round is p - 1 steps of one message each way (between
+// nodes, in eager pieces), waited by wait_all (quietly when the thread
+// asked): a ring's traffic, 2 (p - 1) / p of the buffer each way per rank.
 void ordered_allreduce(char* buf, std::size_t count, MPI_Datatype type, std::size_t tsize,
                        MPI_Op op, MPI_Comm comm, int p, const char* call) {
     const Own& own = own_comm(comm, call);
@@ -151,10 +159,19 @@ void ordered_allreduce(char* buf, std::size_t count, MPI_Datatype type, std::siz
                 const auto [in_p, in_n] = in(from);
                 const auto [out_p, out_n] = out(to);
                 req.clear();
-                if (in_n > 0)
-                    check_mpi(MPI_Irecv(in_p, static_cast<int>(in_n), type, from, tag, oc, &req.emplace_back()), call);
-                if (out_n > 0)
-                    check_mpi(MPI_Isend(out_p, static_cast<int>(out_n), type, to, tag, oc, &req.emplace_back()), call);
+                // Sender and receiver cut a message alike: same size, same nodes.
+                const auto cut = [&](int q, std::size_t n) {
+                    return own.node_of[q] == own.node_of[r] ? std::max<std::size_t>(n, 1)
+                                                            : std::max<std::size_t>(kEagerPiece / tsize, 1);
+                };
+                for (std::size_t o = 0, c = cut(from, in_n); o < in_n; o += c)
+                    check_mpi(MPI_Irecv(in_p + o * tsize, static_cast<int>(std::min(c, in_n - o)), type, from,
+                                        tag, oc, &req.emplace_back()),
+                              call);
+                for (std::size_t o = 0, c = cut(to, out_n); o < out_n; o += c)
+                    check_mpi(MPI_Isend(out_p + o * tsize, static_cast<int>(std::min(c, out_n - o)), type, to,
+                                        tag, oc, &req.emplace_back()),
+                              call);
                 wait_all(static_cast<int>(req.size()), req.data(), call,
                          std::max(in_n, out_n) * tsize);
             }
