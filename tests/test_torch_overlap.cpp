@@ -28,6 +28,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <set>
 #include <unordered_set>
 #include <vector>
 
@@ -533,6 +534,26 @@ TEST(TorchOverlap, FailedCollectiveThrowsEverywhereAtTheCall) {
     // the shared-memory path's or MPI's path's check.
     expect_error([&] { avg(); }, {"on rank " + std::to_string(rank()) + "/",
                                   "different sizes|mismatched collectives"});
+    mpiml::set_check(was);
+}
+
+// With the checks off, ranks on different nodes whose parameters differ in
+// size: MPI's path sends the count before the pieces, and every rank fails
+// at the call instead of mismatching pieces or waiting for them.
+TEST(TorchOverlap, MpiPathCountsThatDifferFailAcrossNodesChecksOff) {
+    const std::vector<int> node = node_numbers();
+    if (std::set<int>(node.begin(), node.end()).size() != node.size())
+        GTEST_SKIP() << "needs a rank a node (MPIML_NODE_SPLIT=1)";
+    const bool was = mpiml::check_enabled();
+    mpiml::set_check(false);
+    const ShmOff mode;
+    // Slices of several eager pieces, a different size on every rank.
+    auto p = torch::ones({100003 + 1000 * rank()}).requires_grad_();
+    mpiml::AvgGradsOptions o;
+    o.overlap = true;
+    mpiml::GradAverager avg(std::vector<torch::Tensor>{p}, o);
+    (p * 2).sum().backward();
+    expect_error([&] { avg(); }, {"on rank " + std::to_string(rank()) + "/", "ranks passed different counts"});
     mpiml::set_check(was);
 }
 

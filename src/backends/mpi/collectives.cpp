@@ -12,6 +12,7 @@
 #include <chrono>
 #include <climits>
 #include <complex>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -158,17 +159,30 @@ void ordered_allreduce(char* buf, std::size_t count, MPI_Datatype type, std::siz
                 const int to = (r + k) % p, from = (r + p - k) % p;
                 const auto [in_p, in_n] = in(from);
                 const auto [out_p, out_n] = out(to);
+                // Between nodes each way first carries its count: pieces of
+                // ranks that disagree on it would match wrongly or never,
+                // where one message would have failed as truncated.
+                const bool far_in = own.node_of[from] != own.node_of[r];
+                const bool far_out = own.node_of[to] != own.node_of[r];
+                std::uint64_t told = 0;
+                const std::uint64_t tell = out_n;
                 req.clear();
-                // Sender and receiver cut a message alike: same size, same nodes.
-                const auto cut = [&](int q, std::size_t n) {
-                    return own.node_of[q] == own.node_of[r] ? std::max<std::size_t>(n, 1)
-                                                            : std::max<std::size_t>(kEagerPiece / tsize, 1);
+                if (far_in) check_mpi(MPI_Irecv(&told, 1, MPI_UINT64_T, from, tag, oc, &req.emplace_back()), call);
+                if (far_out) check_mpi(MPI_Isend(&tell, 1, MPI_UINT64_T, to, tag, oc, &req.emplace_back()), call);
+                if (!req.empty()) wait_all(static_cast<int>(req.size()), req.data(), call, 0);
+                if (far_in && told != in_n)
+                    fail(call, "ranks passed different counts: rank " + std::to_string(from) + " sends " +
+                                   std::to_string(told) + " elements of this rank's part, which has " +
+                                   std::to_string(in_n));
+                req.clear();
+                const auto cut = [&](bool far, std::size_t n) {
+                    return far ? std::max<std::size_t>(kEagerPiece / tsize, 1) : std::max<std::size_t>(n, 1);
                 };
-                for (std::size_t o = 0, c = cut(from, in_n); o < in_n; o += c)
+                for (std::size_t o = 0, c = cut(far_in, in_n); o < in_n; o += c)
                     check_mpi(MPI_Irecv(in_p + o * tsize, static_cast<int>(std::min(c, in_n - o)), type, from,
                                         tag, oc, &req.emplace_back()),
                               call);
-                for (std::size_t o = 0, c = cut(to, out_n); o < out_n; o += c)
+                for (std::size_t o = 0, c = cut(far_out, out_n); o < out_n; o += c)
                     check_mpi(MPI_Isend(out_p + o * tsize, static_cast<int>(std::min(c, out_n - o)), type, to,
                                         tag, oc, &req.emplace_back()),
                               call);
