@@ -129,96 +129,205 @@ constexpr std::size_t kEagerPiece = 64000;
 
 // In place, count elements at buf over the p ranks of comm, every element
 // summed in the shared-memory path's order however the buffer is cut: in
-// pieces of kOrderedPiece bytes, rank q owns slice q of a piece, gets the
+// chunks of kOrderedPiece bytes, rank q owns slice q of a chunk, gets the
 // other ranks' parts of it (reduce-scatter), sums them (each node's in rank
 // order, then the nodes' sums in node order) and sends the sum to every rank
-// (allgather). Each round is p - 1 steps of one message each way (between
-// nodes, in eager pieces), waited by wait_all (quietly when the thread
-// asked): a ring's traffic, 2 (p - 1) / p of the buffer each way per rank.
+// (allgather): a ring's traffic, 2 (p - 1) / p of the buffer each way per
+// rank. Between nodes each message goes in eager pieces, and the two halves
+// overlap: a piece is summed as soon as every rank's part of it is in and
+// sent on at once, so the link carries the allgather while the
+// reduce-scatter's last pieces still arrive. Waited quietly when the thread
+// asked.
 void ordered_allreduce(char* buf, std::size_t count, MPI_Datatype type, std::size_t tsize,
                        MPI_Op op, MPI_Comm comm, int p, const char* call) {
     const Own& own = own_comm(comm, call);
     const MPI_Comm oc = own.dup;
     int r = 0;
     check_mpi(MPI_Comm_rank(oc, &r), call);
+    const bool pieces = own.nodes.size() > 1;
     const std::size_t per = std::max<std::size_t>(kOrderedPiece / tsize, static_cast<std::size_t>(p));
+    const std::size_t grid = pieces ? std::max<std::size_t>(kEagerPiece / tsize, 1) : 0;
+    enum { kRecv1, kSend1, kRecv2, kSend2, kKinds };  // the reduce-scatter's and allgather's messages
     thread_local std::vector<char> got;  // slot q: rank q's part of this rank's slice
     thread_local std::vector<MPI_Request> req;
-    for (std::size_t done = 0; done < count; done += per) {
-        const std::size_t m = std::min(per, count - done);
-        char* b = buf + done * tsize;
+    thread_local std::vector<int> idx;
+    // base[kind * p + q]: rank q's first request of that kind; ready[q]:
+    // pieces in from q; posted2[q]: receives of the allgather posted.
+    thread_local std::vector<std::size_t> base, ready, posted2;
+    thread_local std::vector<char> done;
+    thread_local std::vector<std::uint64_t> told, tell;
+    for (std::size_t at = 0; at < count; at += per) {
+        const std::size_t m = std::min(per, count - at);
+        char* b = buf + at * tsize;
         const auto off = [&](int q) { return m * static_cast<std::size_t>(q) / static_cast<std::size_t>(p); };
         const auto len = [&](int q) { return off(q + 1) - off(q); };
         const std::size_t mine = len(r), slot = (m / p + 1) * tsize;
         got.resize(slot * p);
         const auto part = [&](int q) { return got.data() + static_cast<std::size_t>(q) * slot; };
         char* my = b + off(r) * tsize;
-        // Step k: to rank r + k, from rank r - k; empty slices send nothing.
-        auto round = [&](int tag, auto&& in, auto&& out) {
-            for (int k = 1; k < p; ++k) {
-                const int to = (r + k) % p, from = (r + p - k) % p;
-                const auto [in_p, in_n] = in(from);
-                const auto [out_p, out_n] = out(to);
-                // Between nodes each way first carries its count: pieces of
-                // ranks that disagree on it would match wrongly or never,
-                // where one message would have failed as truncated.
-                const bool far_in = own.node_of[from] != own.node_of[r];
-                const bool far_out = own.node_of[to] != own.node_of[r];
-                std::uint64_t told = 0;
-                const std::uint64_t tell = out_n;
-                req.clear();
-                if (far_in) check_mpi(MPI_Irecv(&told, 1, MPI_UINT64_T, from, tag, oc, &req.emplace_back()), call);
-                if (far_out) check_mpi(MPI_Isend(&tell, 1, MPI_UINT64_T, to, tag, oc, &req.emplace_back()), call);
-                if (!req.empty()) wait_all(static_cast<int>(req.size()), req.data(), call, 0);
-                if (far_in && told != in_n)
-                    fail(call, "ranks passed different counts: rank " + std::to_string(from) + " sends " +
-                                   std::to_string(told) + " elements of this rank's part, which has " +
-                                   std::to_string(in_n));
-                req.clear();
-                const auto cut = [&](bool far, std::size_t n) {
-                    return far ? std::max<std::size_t>(kEagerPiece / tsize, 1) : std::max<std::size_t>(n, 1);
-                };
-                for (std::size_t o = 0, c = cut(far_in, in_n); o < in_n; o += c)
-                    check_mpi(MPI_Irecv(in_p + o * tsize, static_cast<int>(std::min(c, in_n - o)), type, from,
-                                        tag, oc, &req.emplace_back()),
-                              call);
-                for (std::size_t o = 0, c = cut(far_out, out_n); o < out_n; o += c)
-                    check_mpi(MPI_Isend(out_p + o * tsize, static_cast<int>(std::min(c, out_n - o)), type, to,
-                                        tag, oc, &req.emplace_back()),
-                              call);
-                wait_all(static_cast<int>(req.size()), req.data(), call,
-                         std::max(in_n, out_n) * tsize);
+        // Messages of n elements: pieces of `grid` elements between nodes
+        // (and to every rank once there are several nodes), else one.
+        const auto cut = [&](std::size_t n) { return pieces ? grid : std::max<std::size_t>(n, 1); };
+        const auto count_of = [&](std::size_t n) { return (n + cut(n) - 1) / cut(n); };
+        const auto peer_len = [&](int kind, int q) { return kind == kRecv1 || kind == kSend2 ? mine : len(q); };
+
+        // In pieces each way first carries its count: pieces of ranks that
+        // disagree on it would match wrongly or never, where one message
+        // would have failed as truncated.
+        if (pieces) {
+            told.assign(p, 0);
+            tell.assign(p, 0);
+            req.clear();
+            for (int q = 0; q < p; ++q) {
+                if (q == r) continue;
+                tell[q] = len(q);
+                check_mpi(MPI_Irecv(&told[q], 1, MPI_UINT64_T, q, 3, oc, &req.emplace_back()), call);
+                check_mpi(MPI_Isend(&tell[q], 1, MPI_UINT64_T, q, 3, oc, &req.emplace_back()), call);
             }
+            wait_all(static_cast<int>(req.size()), req.data(), call, 0);
+            for (int k = 1; k < p; ++k) {
+                const int from = (r + p - k) % p;
+                if (told[from] != mine)
+                    fail(call, "ranks passed different counts: rank " + std::to_string(from) + " sends " +
+                                   std::to_string(told[from]) + " elements of this rank's part, which has " +
+                                   std::to_string(mine));
+            }
+        }
+
+        base.assign(static_cast<std::size_t>(kKinds) * p + 1, 0);
+        std::size_t total = 0;
+        for (int kind = 0; kind < kKinds; ++kind)
+            for (int q = 0; q < p; ++q) {
+                base[kind * p + q] = total;
+                if (q != r) total += count_of(peer_len(kind, q));
+            }
+        base[kKinds * p] = total;
+        req.assign(total, MPI_REQUEST_NULL);
+        done.assign(total, 0);
+        idx.resize(std::max<std::size_t>(total, 1));
+        ready.assign(p, 0);
+        posted2.assign(p, 0);
+        const auto piece = [&](int kind, int q, std::size_t j) {
+            const std::size_t n = peer_len(kind, q), c = cut(n), o = j * c;
+            return std::pair{o, std::min(c, n - o)};
         };
-        round(1, [&](int q) { return std::pair{part(q), mine}; },
-              [&](int q) { return std::pair{b + off(q) * tsize, len(q)}; });
-        if (mine > 0) {
-            const int n = static_cast<int>(mine);
-            // into = from + into, which has the bits of into + from.
-            const auto fold = [&](const char* from, char* into) {
-                check_mpi(MPI_Reduce_local(from, into, n, type, op), call);
-            };
+        // Round 1 (tag 1): from every rank its part of this slice into
+        // slot q; to every rank its slice of b, piece by piece across ranks.
+        for (int k = 1; k < p; ++k) {
+            const int q = (r + p - k) % p;
+            for (std::size_t j = 0; j < count_of(mine); ++j) {
+                const auto [o, n] = piece(kRecv1, q, j);
+                check_mpi(MPI_Irecv(part(q) + o * tsize, static_cast<int>(n), type, q, 1, oc,
+                                    &req[base[kRecv1 * p + q] + j]),
+                          call);
+            }
+        }
+        std::size_t most = 0;
+        for (int q = 0; q < p; ++q)
+            if (q != r) most = std::max(most, count_of(len(q)));
+        for (std::size_t j = 0; j < most; ++j)
+            for (int k = 1; k < p; ++k) {
+                const int q = (r + k) % p;
+                if (j >= count_of(len(q))) continue;
+                const auto [o, n] = piece(kSend1, q, j);
+                check_mpi(MPI_Isend(b + (off(q) + o) * tsize, static_cast<int>(n), type, q, 1, oc,
+                                    &req[base[kSend1 * p + q] + j]),
+                          call);
+            }
+
+        // into = from + into (elements [s, e) of this slice), which has the
+        // bits of into + from.
+        const auto fold = [&](const char* from, char* into, std::size_t s, std::size_t e) {
+            check_mpi(MPI_Reduce_local(from + s * tsize, into + s * tsize, static_cast<int>(e - s), type, op),
+                      call);
+        };
+        const auto sum = [&](std::size_t s, std::size_t e) {
             if (own.one_a_node) {  // ((x0 + x1) + x2) + ..., with no copies
                 if (r <= 1) {
                     for (int q = 0; q < p; ++q)
-                        if (q != r) fold(part(q), my);
+                        if (q != r) fold(part(q), my, s, e);
                 } else {
-                    for (int q = 1; q < r; ++q) fold(part(q), part(0));
-                    fold(part(0), my);
-                    for (int q = r + 1; q < p; ++q) fold(part(q), my);
+                    for (int q = 1; q < r; ++q) fold(part(q), part(0), s, e);
+                    fold(part(0), my, s, e);
+                    for (int q = r + 1; q < p; ++q) fold(part(q), my, s, e);
                 }
             } else {  // each node's sum in its first part
-                std::memcpy(part(r), my, mine * tsize);
+                std::memcpy(part(r) + s * tsize, my + s * tsize, (e - s) * tsize);
                 for (std::size_t k = 0; k < own.nodes.size(); ++k) {
                     const std::vector<int>& node = own.nodes[k];
-                    for (std::size_t j = 1; j < node.size(); ++j) fold(part(node[j]), part(node[0]));
-                    if (k == 0) std::memcpy(my, part(node[0]), mine * tsize);
-                    else fold(part(node[0]), my);
+                    for (std::size_t j = 1; j < node.size(); ++j) fold(part(node[j]), part(node[0]), s, e);
+                    if (k == 0) std::memcpy(my + s * tsize, part(node[0]) + s * tsize, (e - s) * tsize);
+                    else fold(part(node[0]), my, s, e);
                 }
             }
+        };
+
+        // Round 2 (tag 2): piece j of the sum goes to every rank once summed;
+        // rank q's piece j of its slice is received into b once this rank's
+        // send of that piece to q (the same bytes) is complete.
+        std::size_t summed = 0, sent2 = 0, left = total;
+        const auto post2 = [&](std::size_t upto) {  // sum pieces [sent2, upto), send them
+            if (upto > sent2) sum(summed, std::min(mine, upto * cut(mine)));
+            for (; sent2 < upto; ++sent2)
+                for (int k = 1; k < p; ++k) {
+                    const int q = (r + k) % p;
+                    const auto [o, n] = piece(kSend2, q, sent2);
+                    check_mpi(MPI_Isend(my + o * tsize, static_cast<int>(n), type, q, 2, oc,
+                                        &req[base[kSend2 * p + q] + sent2]),
+                              call);
+                }
+            summed = std::min(mine, sent2 * cut(mine));
+        };
+        const auto start = std::chrono::steady_clock::now();
+        auto pause = WaitPace::kFirstSleep;
+        const auto cap = pace.cap();
+        post2(0);
+        while (left > 0) {
+            int n = 0;
+            if (quiet) {
+                check_mpi(MPI_Testsome(static_cast<int>(total), req.data(), &n, idx.data(), MPI_STATUSES_IGNORE),
+                          call);
+            } else {
+                check_mpi(MPI_Waitsome(static_cast<int>(total), req.data(), &n, idx.data(), MPI_STATUSES_IGNORE),
+                          call);
+            }
+            if (n == MPI_UNDEFINED) fail(call, "internal: no request left with " + std::to_string(left) + " open");
+            for (int i = 0; i < n; ++i) {
+                const std::size_t e = static_cast<std::size_t>(idx[i]);
+                done[e] = 1;
+                --left;
+            }
+            // Receives from a rank are posted in piece order (MPI matches
+            // them in that order): rank q's next piece once this rank's send
+            // of it is complete, and every leading piece so completed.
+            std::size_t upto = count_of(mine);  // the pieces in from every rank
+            for (int q = 0; q < p; ++q) {
+                if (q == r) continue;
+                const std::size_t s1 = base[kSend1 * p + q], nq = count_of(len(q));
+                while (posted2[q] < nq && done[s1 + posted2[q]]) {
+                    const std::size_t j = posted2[q]++;
+                    const auto [o, n2] = piece(kRecv2, q, j);
+                    check_mpi(MPI_Irecv(b + (off(q) + o) * tsize, static_cast<int>(n2), type, q, 2, oc,
+                                        &req[base[kRecv2 * p + q] + j]),
+                              call);
+                }
+                const std::size_t r1 = base[kRecv1 * p + q];
+                while (ready[q] < count_of(mine) && done[r1 + ready[q]]) ++ready[q];
+                upto = std::min(upto, ready[q]);
+            }
+            if (upto > sent2) {
+                post2(upto);
+            } else if (quiet && n == 0) {
+                std::this_thread::sleep_for(pause);
+                pause = std::min(pause * 2, cap);
+            }
         }
-        round(2, [&](int q) { return std::pair{b + off(q) * tsize, len(q)}; },
-              [&](int) { return std::pair{my, mine}; });
+        std::size_t each_way = 0;  // elements, in and out alike
+        for (int q = 0; q < p; ++q)
+            if (q != r) each_way += len(q) + mine;
+        if (quiet)
+            pace.timed(each_way * tsize,
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
 }
 bool inter_comm(MPI_Comm comm) {
