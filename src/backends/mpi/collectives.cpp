@@ -33,18 +33,33 @@ thread_local bool ordered = false;
 
 thread_local WaitPace pace;  // the longest sleep of this thread's quiet waits
 
+// One quiet wait's sleeps: from WaitPace::kFirstSleep, doubling up to the
+// thread's cap; at the end its bytes and time pace the later waits.
+class QuietSleep {
+public:
+    void operator()() {
+        std::this_thread::sleep_for(pause_);
+        pause_ = std::min(pause_ * 2, cap_);
+    }
+    void timed(std::size_t bytes) const {
+        pace.timed(bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+    }
+
+private:
+    std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+    std::chrono::microseconds cap_ = pace.cap();
+    std::chrono::microseconds pause_ = WaitPace::kFirstSleep;
+};
+
 void quiet_wait(int n, MPI_Request* req, std::size_t bytes, const char* call) {
-    const auto start = std::chrono::steady_clock::now();
-    const auto cap = pace.cap();
-    auto pause = WaitPace::kFirstSleep;
+    QuietSleep sleep;
     for (;;) {
         int done = 0;
         check_mpi(MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE), call);
         if (done) break;
-        std::this_thread::sleep_for(pause);
-        pause = std::min(pause * 2, cap);
+        sleep();
     }
-    pace.timed(bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    sleep.timed(bytes);
 }
 
 // GradAverager's sums travel on a duplicate of the user's communicator,
@@ -133,8 +148,8 @@ constexpr std::size_t kEagerPiece = 64000;
 // other ranks' parts of it (reduce-scatter), sums them (each node's in rank
 // order, then the nodes' sums in node order) and sends the sum to every rank
 // (allgather): a ring's traffic, 2 (p - 1) / p of the buffer each way per
-// rank. Between nodes each message goes in eager pieces, and the two halves
-// overlap: a piece is summed as soon as every rank's part of it is in and
+// rank. With several nodes every message goes in eager pieces, and the two
+// halves overlap: a piece is summed as soon as every rank's part of it is in and
 // sent on at once, so the link carries the allgather while the
 // reduce-scatter's last pieces still arrive. Waited quietly when the thread
 // asked.
@@ -165,8 +180,8 @@ void ordered_allreduce(char* buf, std::size_t count, MPI_Datatype type, std::siz
         got.resize(slot * p);
         const auto part = [&](int q) { return got.data() + static_cast<std::size_t>(q) * slot; };
         char* my = b + off(r) * tsize;
-        // Messages of n elements: pieces of `grid` elements between nodes
-        // (and to every rank once there are several nodes), else one.
+        // Messages of n elements: pieces of `grid` elements with several
+        // nodes, else one.
         const auto cut = [&](std::size_t n) { return pieces ? grid : std::max<std::size_t>(n, 1); };
         const auto count_of = [&](std::size_t n) { return (n + cut(n) - 1) / cut(n); };
         const auto peer_len = [&](int kind, int q) { return kind == kRecv1 || kind == kSend2 ? mine : len(q); };
@@ -278,10 +293,7 @@ void ordered_allreduce(char* buf, std::size_t count, MPI_Datatype type, std::siz
                 }
             summed = std::min(mine, sent2 * cut(mine));
         };
-        const auto start = std::chrono::steady_clock::now();
-        auto pause = WaitPace::kFirstSleep;
-        const auto cap = pace.cap();
-        post2(0);
+        QuietSleep sleep;
         while (left > 0) {
             int n = 0;
             if (quiet) {
@@ -318,16 +330,13 @@ void ordered_allreduce(char* buf, std::size_t count, MPI_Datatype type, std::siz
             if (upto > sent2) {
                 post2(upto);
             } else if (quiet && n == 0) {
-                std::this_thread::sleep_for(pause);
-                pause = std::min(pause * 2, cap);
+                sleep();
             }
         }
         std::size_t each_way = 0;  // elements, in and out alike
         for (int q = 0; q < p; ++q)
             if (q != r) each_way += len(q) + mine;
-        if (quiet)
-            pace.timed(each_way * tsize,
-                       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        if (quiet) sleep.timed(each_way * tsize);
     }
 }
 bool inter_comm(MPI_Comm comm) {
