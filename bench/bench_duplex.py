@@ -9,7 +9,8 @@ costs when both directions carry data.
   mpirun -np 2 --host h1:1,h2:1 /usr/bin/python3 bench/bench_duplex.py [--mib=64] [--calls=6] [--rounds=2]
 
 Rank 0 prints, per variant, the median (fastest, slowest) of the slowest
-rank's call time over all calls, and the rate per direction of the median;
+rank's call time over all calls, the rate per direction of the median and
+the median CPU time (user + system, all threads) of the busiest rank;
 every rank exits 1 if a sum was wrong.
 """
 import datetime
@@ -41,17 +42,19 @@ def main():
         "dist.all_reduce on Gloo": lambda: dist.all_reduce(g, group=gloo),
     }
     times = {k: [] for k in variants}
+    cpus = {k: [] for k in variants}
     for f in variants.values():  # warm-up: connections, buffers
         f()
     for _ in range(rounds):
         for k, f in variants.items():
             for _ in range(calls):
                 dist.barrier()
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 f()
-                dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                dt = torch.tensor([time.perf_counter() - t0, time.process_time() - c0], dtype=torch.float64)
                 dist.all_reduce(dt, op=dist.ReduceOp.MAX)
                 times[k].append(float(dt[0]))
+                cpus[k].append(float(dt[1]))
     # Each variant's ones, summed in place 1 + rounds * calls times: powers of n, exact.
     times_summed = 1 + rounds * calls
     ok = bool(np.all(x == float(n) ** times_summed)) and all(bool(torch.all(y == float(n) ** times_summed)) for y in (t, g))
@@ -67,8 +70,9 @@ def main():
             # A 2-rank allreduce sends half the data each way twice (reduce-scatter, allgather)
             # or all of it once each way: either way `mib` MiB per direction.
             rate = (mib << 20) * 8 / med / 1e6
+            c = sorted(cpus[k])[len(v) // 2]
             print(f"{k:36s} {med * 1e3:7.1f} ms ({v[0] * 1e3:.1f}, {v[-1] * 1e3:.1f}), "
-                  f"{rate:5.0f} Mbit/s per direction")
+                  f"{rate:5.0f} Mbit/s per direction, CPU {c * 1e3:5.1f} ms")
         print("sums exact on every rank:", "yes" if okt.item() == 0 else "NO")
     dist.destroy_process_group()
     return 0 if okt.item() == 0 else 1

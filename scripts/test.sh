@@ -10,7 +10,8 @@ cd "$root"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 passed=0 failed=0
-stage() { printf '\n==== %s\n' "$*"; }
+# Each stage's header gives the minutes since the start: where a slow CI run spent its time.
+stage() { printf '\n==== %s (at %d:%02d)\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
 count() {  # add a ctest log's totals
   local line
   line=$(grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" "$1" | tail -1)
@@ -148,5 +149,5 @@ if [ "$failed" -gt 0 ]; then
 fi
 
 echo
-echo "mpiml: $passed passed, $failed failed"
+echo "mpiml: $passed passed, $failed failed (in $((SECONDS / 60)) min $((SECONDS % 60)) s)"
 [ "$failed" -eq 0 ]
