@@ -10,8 +10,8 @@ cd "$root"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 passed=0 failed=0
-# Each stage's header gives the minutes since the start: where a slow CI run spent its time.
-stage() { printf '\n==== %s (at %d:%02d)\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
+# Each stage header gives the time since the start: where a slow CI run spent it.
+stage() { printf '\n==== %s (at %dm%02ds)\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
 count() {  # add a ctest log's totals
   local line
   line=$(grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" "$1" | tail -1)
