@@ -9,7 +9,7 @@
 #   scripts/bench_overlap.sh [build dir]   (default build; writes build/bench-overlap/)
 #
 # ARGS: the model and run (default "--resnet50 1 --image 112 --batch 16 --steps 6":
-# ResNet-50, 25.6 M parameters, 97 MiB of gradients, backward 0.65-0.8 of their
+# ResNet-50, 25.6 M parameters, 97 MiB of gradients, backward 0.6-0.8 of their
 # averaging across the hosts on the test machine, whose speed varies: a larger
 # --image lengthens backward; the MLP of the same size:
 # "--layers 8 --width 2048 --batch 1024 --steps 6").
