@@ -70,7 +70,7 @@ def main():
             # A 2-rank allreduce sends half the data each way twice (reduce-scatter, allgather)
             # or all of it once each way: either way `mib` MiB per direction.
             rate = (mib << 20) * 8 / med / 1e6
-            c = sorted(cpus[k])[len(v) // 2]
+            c = common.median(cpus[k])
             print(f"{k:36s} {med * 1e3:7.1f} ms ({v[0] * 1e3:.1f}, {v[-1] * 1e3:.1f}), "
                   f"{rate:5.0f} Mbit/s per direction, CPU {c * 1e3:5.1f} ms")
         print("sums exact on every rank:", "yes" if okt.item() == 0 else "NO")

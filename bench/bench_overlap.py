@@ -10,8 +10,9 @@ Every variant has its own copy of the model and takes the same data; their
 steps (zero_grad, forward, backward, the averager's call, SGD step) alternate
 so all see the same machine load. DDP runs with its defaults (25 MiB buckets,
 overlapped). Rank 0 prints the median over steps of the slowest rank's time
-and of the busiest rank's CPU time (user + system, all of its threads); for GradAverager(overlap=True) also what its call after backward() waited and
-its thread's time in the buckets (overlap_stats(); hidden: the least rank's).
+and of the busiest rank's CPU time (user + system, all of its threads); for
+GradAverager(overlap=True) also what its call after backward() waited and its
+thread's time in the buckets (overlap_stats(); hidden: the least rank's).
 """
 import datetime
 import os
@@ -70,10 +71,11 @@ def resnet50():
     return nn.Sequential(*mods)
 
 
-def slowest(t):
-    x = torch.tensor([t], dtype=torch.float64)
+def slowest(*ts):
+    """Each value's maximum over the ranks (one allreduce for all)."""
+    x = torch.tensor(ts, dtype=torch.float64)
     dist.all_reduce(x, op=dist.ReduceOp.MAX)
-    return float(x[0])
+    return float(x[0]) if len(ts) == 1 else [float(v) for v in x]
 
 
 def main():
@@ -122,16 +124,16 @@ def main():
                 avg()
             t2 = time.perf_counter()
             opts[k].step()
-            t, c = time.perf_counter() - t0, time.process_time() - c0
-            t, c = slowest(t), slowest(c)
+            t, c = slowest(time.perf_counter() - t0, time.process_time() - c0)
             if step >= 0:
                 times[k].append(t)
                 cpus[k].append(c)
                 if k == "GradAverager overlap":
                     st = avg.overlap_stats()
-                    left.append(slowest(t2 - t1))
-                    averaging.append(slowest(st["averaging_s"]))
-                    hidden.append(-slowest(-st["hidden_s"]))  # the least hidden
+                    lt, at, nh = slowest(t2 - t1, st["averaging_s"], -st["hidden_s"])
+                    left.append(lt)
+                    averaging.append(at)
+                    hidden.append(-nh)  # the least hidden
     params = sum(p.numel() for p in variants["compute only"][0].parameters())
     a = [p for p in variants["GradAverager"][0].parameters()]
     b = [p for p in variants["GradAverager overlap"][0].parameters()]
@@ -143,14 +145,13 @@ def main():
         print(f"# bench_overlap.py: {n} ranks, {what}, "
               f"{params / 1e6:.1f} M float32, batch {batch}/rank, {steps} steps, "
               f"{torch.get_num_threads()} intra-op threads, torch {torch.__version__}")
-        med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        med = {k: common.median(v) for k, v in times.items()}
         for k, v in med.items():
-            cpu = sorted(cpus[k])[len(cpus[k]) // 2]
-            print(f"step, {k:<24} {v * 1e3:8.1f} ms (CPU {cpu * 1e3:.0f} ms)")
+            print(f"step, {k:<24} {v * 1e3:8.1f} ms (CPU {common.median(cpus[k]) * 1e3:.0f} ms)")
             if k == "GradAverager overlap":
-                print(f"  left at the call             {sorted(left)[len(left) // 2] * 1e3:8.1f} ms")
-                print(f"  averaging on its thread      {sorted(averaging)[len(averaging) // 2] * 1e3:8.1f} ms "
-                      f"(hidden {sorted(hidden)[len(hidden) // 2] * 1e3:.1f} ms)")
+                print(f"  left at the call             {common.median(left) * 1e3:8.1f} ms")
+                print(f"  averaging on its thread      {common.median(averaging) * 1e3:8.1f} ms "
+                      f"(hidden {common.median(hidden) * 1e3:.1f} ms)")
         print(f"GradAverager overlap vs without: {med['GradAverager'] / med['GradAverager overlap']:.2f}x; "
               f"vs DDP gloo: {med['DDP gloo'] / med['GradAverager overlap']:.2f}x; "
               f"vs DDP mpiml: {med['DDP mpiml'] / med['GradAverager overlap']:.2f}x")

@@ -101,6 +101,11 @@ def emit(rank, suite, bench, ranks, timing, **extra):
     print(json.dumps(d), flush=True)
 
 
+def median(xs):
+    """The upper median of xs (the middle element once sorted)."""
+    return sorted(xs)[len(xs) // 2]
+
+
 def arg(name, default):
     key = "--" + name + "="
     for a in sys.argv[1:]:
