@@ -28,7 +28,7 @@ trap '"$cl" down > /dev/null 2>&1' EXIT INT TERM
 mpirun_cl=${MPIML_CLUSTER_DIR:-/run/mpiml-cluster}/mpirun
 log=$build/cluster-tests
 mkdir -p "$log"
-cd "$log"  # files the test programs write go here, not into the caller's directory
+cd "$log" || exit 1  # files the test programs write go here, not into the caller's directory
 passed=0 failed=0
 ns=${MPIML_CLUSTER_PREFIX:-mpiml-}  # the hosts' network namespaces: $ns<host>
 picked() { [ -z "${CLUSTER_CASES:-}" ] || [[ $1 =~ $CLUSTER_CASES ]]; }

@@ -190,7 +190,7 @@ fault_once() {
   # The limit counts from the fault: the program appends the time it injects
   # it to this file (tests/fault_mark.hpp), an action its own.
   local mark=$log/fault.$name.mark
-  rm -f "$mark"
+  rm -f "$mark" "$log/fault.$name.report"
   t0=$(date +%s.%N)
   MPIML_FAULT_MARK=$mark timeout $((limit + 60)) "$cl" slurm srun --mpi=pmix -N 2 -n 4 "$fc" "$mode" "$faulty" > "$log/fault.$name.log" 2>&1 &
   job=$!
@@ -203,8 +203,9 @@ fault_once() {
   echo "---- exit=$rc elapsed=${el}s from the fault (limit ${limit}s; ${total}s from the launch)" >> "$log/fault.$name.log"
   [ $rc -ne 0 ] && [ $rc -ne 124 ] && awk -v e="$el" -v l="$limit" 'BEGIN { exit !(e <= l) }' &&
     grep -Eq -- "$regex" "$log/fault.$name.log" &&
-    { [ -z "${REPORT_RANKS:-}" ] || bash "$root/tests/check_report.sh" "$log/fault.$name.log" "$REPORT_RANKS" >> "$log/fault.$name.log"; }
+    { [ -z "${REPORT_RANKS:-}" ] || bash "$root/tests/check_report.sh" "$log/fault.$name.log" "$REPORT_RANKS" > "$log/fault.$name.report"; }
   rc=$?
+  [ -f "$log/fault.$name.report" ] && cat "$log/fault.$name.report" >> "$log/fault.$name.log" && rm -f "$log/fault.$name.report"
   "$cl" link h2 up
   [ -e "$log/restart_slurmd" ] && { "$cl" slurmd h2 start; rm "$log/restart_slurmd"; }
   settled >> "$log/fault.$name.log" || rc=1

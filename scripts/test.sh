@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds mpiml and passes all its tests:
 # unit and multi-rank tests, the fault-injection suite, an installed-package
-# consumer, the unit tests again under AddressSanitizer + UBSan, and the
-# threaded parts (watchdog, profiler, overlap, the torch.distributed backend's
-# tests) under ThreadSanitizer.
+# consumer, the tests again against MPICH, the unit tests under
+# AddressSanitizer + UBSan, the threaded parts (watchdog, profiler, overlap,
+# the torch.distributed backend's tests) under ThreadSanitizer, the tests
+# across network-namespace hosts and under Slurm, and PPO's learning check.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
+cd "$root" || exit 1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 passed=0 failed=0
@@ -57,8 +58,9 @@ mpich=$root/build-mpich
 if cmake -S "$root" -B "$mpich" -DMPIML_WITH_TORCH=OFF -DMPIML_WITH_PYTHON=OFF -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF \
      -DMPI_CXX_COMPILER=mpicxx.mpich -DMPIEXEC_EXECUTABLE=/usr/bin/mpiexec.mpich > "$mpich-configure.log" 2>&1 &&
    cmake --build "$mpich" -j"$(nproc)" > "$mpich-build.log" 2>&1; then
-  for part in "-LE fault -j2 --timeout 600" "-L fault -j1"; do
-    log=$mpich/ctest-${part:1:2}.log
+  for part in "main:-LE fault -j2 --timeout 600" "fault:-L fault -j1"; do
+    log=$mpich/ctest-${part%%:*}.log
+    part=${part#*:}
     # shellcheck disable=SC2086
     ctest --test-dir "$mpich" --output-on-failure $part 2>&1 | tee "$log" | grep -vE "^\s*(Start|[0-9]+/[0-9]+ Test)" | tail -12
     count "$log"
@@ -118,7 +120,7 @@ run_script() {  # what log script args...
     failed=$((failed + 1))
   fi
 }
-stage "many hosts: 2 network-namespace hosts over TCP (scripts/cluster_tests.sh, docs/CLUSTER.md)"
+stage "many hosts: 2 and 3 network-namespace hosts over TCP (scripts/cluster_tests.sh, docs/CLUSTER.md)"
 run_script "cluster tests" "$root/build/cluster-tests.log" "$root/scripts/cluster_tests.sh" "$root/build"
 stage "Slurm on the namespace hosts: srun, sbatch, faults, requeue (scripts/slurm_tests.sh, docs/CLUSTER.md)"
 run_script "slurm tests" "$root/build/slurm-tests.log" "$root/scripts/slurm_tests.sh" "$root/build"
@@ -142,10 +144,11 @@ if [ "$failed" -gt 0 ]; then
     [ -f "$log" ] && grep -q "tests FAILED" "$log" && failed_output "$log"
   done
   # the cluster and Slurm scripts name each failed case's log
-  for f in $(sed -n 's/^  FAIL .*(log: \(.*\))$/\1/p' "$root"/build/cluster-tests.log "$root"/build/slurm-tests.log 2> /dev/null); do
-    echo "---- $f (last 60 lines)"
-    tail -n 60 "$f" 2> /dev/null
-  done
+  sed -n 's/^  FAIL .*(log: \(.*\))$/\1/p' "$root"/build/cluster-tests.log "$root"/build/slurm-tests.log 2> /dev/null |
+    while IFS= read -r f; do
+      echo "---- $f (last 60 lines)"
+      tail -n 60 "$f" 2> /dev/null
+    done
 fi
 
 echo
