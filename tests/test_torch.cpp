@@ -390,6 +390,49 @@ TEST(TorchAvgGrads, OverlapNeedsSerializedThreads) {
                  {"mpiml::GradAverager", "MPI_THREAD_SERIALIZED", "MPI_THREAD_FUNNELED"});
 }
 
+// GradAverager's buckets are planned for the parameters it was made with: a
+// model changed since is an error at the call, after its collectives (no rank
+// left waiting), never a gradient packed at another width or left out.
+TEST(TorchAvgGrads, GradAveragerOfAChangedModelThrowsAtTheCall) {
+    if (size() == 1) GTEST_SKIP() << "one rank: nothing is averaged";
+    const auto fill = [](torch::nn::Module& m) {
+        for (auto& p : m.parameters()) p.mutable_grad() = torch::ones_like(p);
+    };
+    for (const bool views : {false, true}) {
+        SCOPED_TRACE(views ? "gradient_as_bucket_view" : "packed");
+        mpiml::AvgGradsOptions o;
+        o.gradient_as_bucket_view = views;
+        torch::nn::Sequential m(torch::nn::Linear(3, 4), torch::nn::Linear(4, 2));
+        {
+            mpiml::GradAverager avg(m, o);
+            m->to(torch::kFloat64);
+            fill(*m);
+            expect_error([&] { avg(); }, {"mpiml::GradAverager", "rank", "float64 of", "but was float32 of"});
+            m->to(torch::kFloat32);
+        }
+        {
+            mpiml::GradAverager avg(m, o);
+            m->push_back(torch::nn::Linear(2, 2));
+            fill(*m);
+            expect_error([&] { avg(); }, {"mpiml::GradAverager", "parameter #4", "(added since)"});
+        }
+        {
+            auto bias = m[0]->as<torch::nn::Linear>()->bias;
+            bias.requires_grad_(false);
+            mpiml::GradAverager avg(m, o);
+            bias.requires_grad_(true);
+            fill(*m);
+            expect_error([&] { avg(); }, {"mpiml::GradAverager", "parameter #1", "did not require grad"});
+            // Made again, it averages the model as it is now.
+            mpiml::GradAverager again(m, o);
+            for (auto& p : m->parameters()) p.mutable_grad() = torch::full_like(p, rank());
+            again();
+            for (auto& p : m->parameters())
+                EXPECT_TRUE(p.grad().equal(torch::full_like(p, (size() - 1) / 2.0)));
+        }
+    }
+}
+
 // mpiml::set_check(true) while it lives; rank 1's Linear has another shape.
 struct MismatchedModule {
     const bool was = mpiml::check_enabled();

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <memory>
 #include <source_location>
+#include <string>
 #include <vector>
 
 namespace mpiml {
@@ -145,13 +146,22 @@ void mpi_avg_grads(const std::shared_ptr<M>& module, const AvgGradsOptions& opts
 
 namespace detail {
 struct GradAveragerImpl;
-}
+/// Why a model whose parameters are `now` (tied ones listed once or more)
+/// no longer has the list `made` (one added, removed or replaced); empty if
+/// it has. GradAverager's check at each call (and the Python binding's).
+std::string parameters_changed(const std::vector<torch::Tensor>& made, const std::vector<torch::Tensor>& now);
+}  // namespace detail
 
 /// Per-model gradient averaging that holds its plan, buffers and shared
 /// buckets (as c10d's Reducer): `GradAverager avg(model, opts); ... avg();`.
 /// The parameter list is captured at construction (the parameters are kept
 /// alive); construction and destruction are collective over comm, as is each
-/// call. Each call averages the gradients as mpi_avg_grads does, but sums
+/// call. The model must keep the parameters it had then, of the same dtypes
+/// and sizes, and those that did not require grad must not start to (the
+/// buckets are planned for them): otherwise the call still takes part in the
+/// collectives, then throws naming the parameter. Make a new GradAverager
+/// after changing the model. Each call averages the gradients as
+/// mpi_avg_grads does, but sums
 /// every element across ranks in one fixed order on every path: each node's
 /// ranks in rank order, then the nodes' sums in node order (one node, or one
 /// rank a node: ((g0 + g1) + g2) + ...), as mpiml's shared-memory path does;

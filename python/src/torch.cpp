@@ -107,6 +107,28 @@ std::size_t cap_bytes(double mb, const char* call) {
     return static_cast<std::size_t>(mb * (1 << 20));
 }
 
+// GradAverager made from a torch.nn.Module: at each call the module's
+// parameters are read again (the GIL held) and, when one was added, removed
+// or replaced since, the call throws after its collectives. The module is
+// held as a weak reference.
+struct PyGradAverager : mpiml::GradAverager {
+    PyGradAverager(const std::vector<at::Tensor>& ts, const mpiml::AvgGradsOptions& o, const mpiml::Comm& c)
+        : mpiml::GradAverager(ts, o, c), made(ts) {}
+    std::vector<at::Tensor> made;
+    py::object module = py::none();  // a weakref, or None: tensors given, not a module
+
+    std::string changed() const {
+        if (module.is_none()) return {};
+        try {
+            py::object m = module();
+            if (m.is_none()) return {};
+            return mpiml::detail::parameters_changed(made, tensors_of(m, true, false, "mpiml::GradAverager"));
+        } catch (const std::exception&) {  // the model cannot be read: not checked
+            return {};
+        }
+    }
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_torch, m) {
@@ -142,7 +164,7 @@ PYBIND11_MODULE(_torch, m) {
             c.guard.reset();
             return false;
         });
-    py::class_<mpiml::GradAverager>(m, "GradAverager",
+    py::class_<PyGradAverager>(m, "GradAverager",
         "GradAverager(module, comm=None, gradient_as_bucket_view=False, bucket_cap_mb=25,\n"
         "             overlap=False, overlap_on_one_node=False)\n\n"
         "mpi_avg_grads for one model, holding its plan: the parameters (taken once, here),\n"
@@ -164,22 +186,38 @@ PYBIND11_MODULE(_torch, m) {
                  o.gradient_as_bucket_view = as_view;
                  o.overlap = overlap;
                  o.overlap_on_one_node = one_node;
-                 py::gil_scoped_release nogil;
-                 return std::make_unique<mpiml::GradAverager>(ts, o, c);
+                 std::unique_ptr<PyGradAverager> avg;
+                 {
+                     py::gil_scoped_release nogil;
+                     avg = std::make_unique<PyGradAverager>(ts, o, c);
+                 }
+                 if (py::hasattr(module, "parameters") && py::hasattr(module, "buffers")) {
+                     try {
+                         avg->module = py::weakref(module);
+                     } catch (const std::exception&) {  // no weak references: not checked
+                     }
+                 }
+                 return avg;
              }),
              py::arg("module"), py::arg("comm") = py::none(),
              py::arg("gradient_as_bucket_view") = false, py::arg("bucket_cap_mb") = 25.0,
              py::arg("overlap") = false, py::arg("overlap_on_one_node") = false)
-        .def("__call__", [](mpiml::GradAverager& a) {
+        .def("__call__", [](PyGradAverager& a) {
             PySite site;
-            py::gil_scoped_release nogil;
-            a();
-        }, "Averages the gradients across ranks, in place (collective).")
-        .def("no_sync", [](mpiml::GradAverager& a) { return NoSyncContext{&a, {}}; },
+            const std::string changed = a.changed();
+            {
+                py::gil_scoped_release nogil;
+                a();
+            }
+            if (!changed.empty()) mpiml::detail::fail("mpiml::GradAverager", changed);
+        }, "Averages the gradients across ranks, in place (collective). Raises ArgumentError\n"
+           "(after the collectives) when the module's parameters changed since: make a new\n"
+           "GradAverager after changing the model.")
+        .def("no_sync", [](PyGradAverager& a) { return NoSyncContext{&a, {}}; },
              py::keep_alive<0, 1>(),
              "Context manager: backward() passes inside only accumulate gradients; the\n"
              "call after the next backward() outside averages their sum.")
-        .def("overlap_stats", [](const mpiml::GradAverager& a) {
+        .def("overlap_stats", [](const PyGradAverager& a) {
             const auto s = a.overlap_stats();
             py::dict d;
             d["steps"] = s.steps;

@@ -112,6 +112,56 @@ def test_grad_averager_two_models_in_turn_equals_seed(views):
     del avg_a, avg_b  # collective: at the same point on every rank
 
 
+def _change_model(m, how):
+    if how == "dtype":
+        m.double()
+    elif how == "added":
+        m.extra = nn.Linear(2, 2)
+    elif how == "replaced":
+        m.pi[-1] = nn.Linear(8, 6)
+    elif how == "removed":
+        del m.log_std
+    elif how == "unfrozen":
+        m.pi[0].bias.requires_grad_(True)
+
+
+@pytest.mark.skipif(SIZE == 1, reason="one rank averages nothing")
+@pytest.mark.parametrize("how,match", [
+    ("dtype", r"(a )?parameter.* is float64 of \d+ elements, but was float32 of \d+"),
+    ("added", r"the model's parameter #\d+ is not one .*\(added since\)"),
+    ("replaced", r"the model's parameter #\d+ is not one .*\(added or replaced since\)"),
+    ("removed", r"the model no longer has parameter #0 .*\(removed since\)"),
+    ("unfrozen", r"parameter #{frozen} did not require grad when this GradAverager was made"),
+])
+@pytest.mark.parametrize("mode", ["plain", "views", "overlap"])
+def test_grad_averager_model_changed_raises_after_the_collectives(how, match, mode):
+    # Its buckets are planned for the parameters it was made with: a changed
+    # model is an error at the call (on every rank, none left waiting), never
+    # a parameter silently left out or a gradient packed at the wrong width.
+    m = actor_critic((8,))
+    m.pi[0].bias.requires_grad_(False)
+    frozen = [id(p) for p in m.parameters()].index(id(m.pi[0].bias))
+    opts = {"views": dict(gradient_as_bucket_view=True),
+            "overlap": dict(overlap=True, overlap_on_one_node=True)}.get(mode, {})
+    avg = mp.GradAverager(m, **opts)
+    _change_model(m, how)
+    x = torch.randn(5, 17, dtype=next(m.parameters()).dtype)
+    (m.pi(x).sum() + m.v(x).sum() + (m.log_std.sum() if hasattr(m, "log_std") else 0)).backward()
+    match = match.replace("{frozen}", str(frozen))
+    with pytest.raises(mpiml.ArgumentError, match=r"mpiml::GradAverager on rank \d+/\d+: " + match):
+        avg()
+    del avg  # collective: the same point on every rank
+    # A new averager for the changed model averages it.
+    fill_grads(m)
+    grads = MPI.COMM_WORLD.allgather([None if p.grad is None else p.grad.clone() for p in m.parameters()])
+    again = mp.GradAverager(m, **opts)
+    again()
+    for i, p in enumerate(m.parameters()):
+        if p.requires_grad:
+            torch.testing.assert_close(p.grad, sum(g[i] for g in grads) / SIZE)
+    del again
+
+
 def test_grad_averager_bad_arguments():
     for cap in (0, -1):
         with pytest.raises(mpiml.ArgumentError, match="bucket_cap_mb must be positive"):

@@ -115,6 +115,7 @@ struct GradEntry {
     std::size_t index;  // position in the caller's parameter list
     Wire wire;
     std::size_t numel;
+    at::ScalarType scalar = at::kFloat;  // the parameter's dtype when planned
     std::size_t bucket = 0;
     bool defined_here = false;  // gradient defined on this rank on entry
 };
@@ -168,8 +169,16 @@ void set_flag(const Wire& w, void* p, bool on) {
     }
 }
 
-void check_numel(const GradEntry& e, const at::Tensor& g) {
-    if (g.numel() != static_cast<std::int64_t>(e.numel))
+/// The parameter as planned (the buckets are laid out for its dtype and
+/// size then) and its gradient, when defined, of that size.
+void check_entry(const GradEntry& e, const at::Tensor& g) {
+    if (e.param.scalar_type() != e.scalar || e.param.numel() != static_cast<std::int64_t>(e.numel))
+        throw std::invalid_argument(
+            "parameter #" + std::to_string(e.index) + " is " + dtype_name(e.param.scalar_type()) + " of " +
+            std::to_string(e.param.numel()) + " elements, but was " + dtype_name(e.scalar) + " of " +
+            std::to_string(e.numel) + " when this averager planned its buckets: its gradient is not "
+            "averaged; make a new GradAverager after changing the model's dtypes or sizes");
+    if (g.defined() && g.numel() != static_cast<std::int64_t>(e.numel))
         throw std::invalid_argument("the gradient of parameter #" + std::to_string(e.index) +
                                     " has " + std::to_string(g.numel()) +
                                     " elements but the parameter has " +
@@ -179,11 +188,11 @@ void check_numel(const GradEntry& e, const at::Tensor& g) {
 /// Packs p's gradient into dst as the wire type (zeros when undefined).
 void pack_grad(const GradEntry& e, void* dst) {
     const at::Tensor& g = e.param.grad();
+    check_entry(e, g);
     if (!g.defined()) {
         std::memset(dst, 0, e.numel * e.wire.size);
         return;
     }
-    check_numel(e, g);
     if (plain(g, e.param.scalar_type())) {
         pack_plain(g, dst);
     } else {
@@ -196,8 +205,8 @@ void pack_grad(const GradEntry& e, void* dst) {
 void unpack_grad(const GradEntry& e, void* src, int ranks) {
     at::Tensor& g = e.param.mutable_grad();
     const at::ScalarType s = e.param.scalar_type();
+    check_entry(e, g);
     if (!g.defined()) g = at::empty(e.param.sizes(), e.param.options());
-    check_numel(e, g);
     if (plain(g, s)) {
         unpack_plain_avg(src, g, ranks);
         return bump_version(g);
@@ -365,6 +374,7 @@ struct ViewState {
     std::vector<ViewBucket> buckets;
     std::vector<WeakImpl> params;  // the planned parameters, not kept alive
     std::vector<c10::TensorImpl*> in_place;  // run_views' scratch, one bucket
+    std::vector<char> unplanned;             // run_views' scratch: not as planned
 };
 
 /// Gradients still viewing st's buckets get their own memory back, and the
@@ -457,11 +467,27 @@ void run_views(ViewState& st, const std::vector<at::Tensor>& params, const char*
         // bumped after the average.
         auto& in_place = st.in_place;
         in_place.assign(b.entries.size(), nullptr);
+        st.unplanned.assign(b.entries.size(), 0);
         for (std::size_t k = 0; k < b.entries.size(); ++k) {
             const at::Tensor& p = params[b.entries[k].param];
             std::byte* dst = base + b.entries[k].offset * es;
             const at::Tensor& g = p.grad();
-            const auto n = static_cast<std::size_t>(p.numel());
+            // The dtype and size the bucket was laid out for.
+            const auto& [planned_impl, planned_n, planned_dtype] = st.signature[b.entries[k].param];
+            const auto n = static_cast<std::size_t>(planned_n);
+            if (p.numel() != planned_n || static_cast<int>(p.scalar_type()) != planned_dtype) {
+                if (deferred.empty())
+                    deferred = "a parameter averaged as a bucket view is " + dtype_name(p.scalar_type()) + " of " + std::to_string(p.numel()) +
+                               " elements, but was " +
+                               dtype_name(static_cast<at::ScalarType>(planned_dtype)) + " of " +
+                               std::to_string(planned_n) +
+                               " when its bucket was planned: its gradient is not averaged; "
+                               "make a new GradAverager after changing the model's dtypes or sizes";
+                std::memset(dst, 0, n * es);
+                set_flag(b.wire, flags + k * es, false);
+                st.unplanned[k] = 1;
+                continue;
+            }
             bool defined = g.defined();
             if (defined && g.data_ptr() == dst && plain(g, p.scalar_type()) &&
                 g.sizes() == p.sizes()) {
@@ -489,6 +515,7 @@ void run_views(ViewState& st, const std::vector<at::Tensor>& params, const char*
                         call);
         for (std::size_t k = 0; k < b.entries.size(); ++k) {
             const at::Tensor& p = params[b.entries[k].param];
+            if (st.unplanned[k]) continue;
             if (in_place[k]) {
                 bump_version(in_place[k]);
             } else if (flag_value(b.wire, flags + k * es) != 0.0) {
@@ -579,7 +606,8 @@ void plan_packed(GradState& st, const std::vector<Eligible>& ps, const AvgGradsO
         if (!wire)  // depends only on dtypes, so every rank throws here or none
             detail::fail(call, "parameters of dtype " + dtype_name(p.tensor.scalar_type()) +
                                    " are not supported");
-        st.entries.push_back({p.tensor, p.index, *wire, static_cast<std::size_t>(p.tensor.numel())});
+        st.entries.push_back(
+            {p.tensor, p.index, *wire, static_cast<std::size_t>(p.tensor.numel()), p.tensor.scalar_type()});
     }
     if (opts.overlap) {
         std::reverse(st.entries.begin(), st.entries.end());
@@ -619,8 +647,10 @@ std::byte* fused_segment(GradState& st, MPI_Comm comm) {
 /// Whether e's gradient is already a plain view of its place at dst.
 bool grad_in_place(const GradEntry& e, const std::byte* dst) {
     const at::Tensor& g = e.param.grad();
-    return g.defined() && g.data_ptr() == dst && e.wire.scalar == e.param.scalar_type() &&
-           plain(g, e.param.scalar_type()) && g.numel() == static_cast<std::int64_t>(e.numel);
+    return g.defined() && g.data_ptr() == dst && e.param.scalar_type() == e.scalar &&
+           e.wire.scalar == e.scalar && plain(g, e.scalar) &&
+           e.param.numel() == static_cast<std::int64_t>(e.numel) &&
+           g.numel() == static_cast<std::int64_t>(e.numel);
 }
 
 /// A direct bucket: one large gradient, averaged in place when plain,
@@ -628,8 +658,8 @@ bool grad_in_place(const GradEntry& e, const std::byte* dst) {
 void run_direct(GradEntry& e, const Bucket& b, std::byte* buf, MPI_Comm comm, int size,
                 const char* call, Deferred& defer) {
     at::Tensor& g = e.param.mutable_grad();
-    if (g.defined() && plain(g, e.param.scalar_type()) &&
-        g.numel() == static_cast<std::int64_t>(e.numel)) {
+    if (g.defined() && e.param.scalar_type() == e.scalar && plain(g, e.scalar) &&
+        e.param.numel() == static_cast<std::int64_t>(e.numel) && g.numel() == static_cast<std::int64_t>(e.numel)) {
         detail::allreduce(MPI_IN_PLACE, g.data_ptr(), e.numel, b.wire.mpi, b.wire.cls, Op::sum,
                           comm, call);
         average_in_place(g.scalar_type(), g.data_ptr(), e.numel, size);
@@ -691,6 +721,7 @@ void run_fused(GradState& st, const Bucket& b, std::byte* base, MPI_Comm comm,
         if (flag_value(b.wire, flags + k * es) != 0.0) {
             std::byte* at = base + off * es;
             try {
+                check_entry(e, e.param.grad());
                 if (as_views && view_eligible(e.param)) {  // the gradient becomes (or stays) a view
                     average_in_place(e.wire.scalar, at, e.numel, size);
                     if (grad_in_place(e, at)) bump_version(e.param.grad());
@@ -1183,6 +1214,9 @@ namespace detail {
 struct GradAveragerImpl {
     MPI_Comm comm = MPI_COMM_NULL;
     int size = 1;
+    std::vector<at::Tensor> made;      // the parameters it was made with
+    std::vector<std::size_t> frozen;   // of those, not requiring grad then (positions)
+    std::weak_ptr<torch::nn::Module> module;  // the model, where it is held by a shared_ptr
     std::vector<at::Tensor> view_params;  // gradients kept in shared buckets
     ViewState views;
     GradState packed;
@@ -1225,6 +1259,11 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
     auto impl = std::make_unique<detail::GradAveragerImpl>();
     impl->comm = comm;
     impl->size = size;
+    for (const at::Tensor& p : params) {
+        if (!p.defined()) continue;
+        if (!p.requires_grad() && has_gradients(p.scalar_type())) impl->frozen.push_back(impl->made.size());
+        impl->made.push_back(p);
+    }
     std::vector<Eligible> ps;
     eligible_params(params, ps);
     if (opts.gradient_as_bucket_view && !opts.overlap) {  // overlap keeps views in its own buckets
@@ -1245,6 +1284,24 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
                                                   opts.bucket_cap_bytes, opts.gradient_as_bucket_view);
     return impl;
 }
+/// Why the model no longer has the parameters the averager was made with
+/// (empty: it has): one that did not require grad then and does now, or,
+/// where the model is known, one added, removed or replaced. Local.
+std::string model_changed(const detail::GradAveragerImpl& im) {
+    for (std::size_t i : im.frozen)
+        if (im.made[i].requires_grad())
+            return "parameter #" + std::to_string(i) +
+                   " did not require grad when this GradAverager was made and does now: its "
+                   "gradient is not averaged; make a new GradAverager after changing requires_grad";
+    const auto m = im.module.lock();
+    if (!m) return {};
+    thread_local std::vector<at::Tensor> now;  // capacity reused across calls
+    now.clear();
+    collect_params(*m, now);
+    std::string why = detail::parameters_changed(im.made, now);
+    now.clear();  // hold no tensors between calls
+    return why;
+}
 }  // namespace
 
 GradAverager::GradAverager(torch::nn::Module& module, const AvgGradsOptions& opts, Comm comm,
@@ -1258,6 +1315,10 @@ GradAverager::GradAverager(torch::nn::Module& module, const AvgGradsOptions& opt
         params.push_back(e.tensor);
     }
     impl_ = make_averager(params, opts, c, check_enabled() ? &descs : nullptr);
+    try {  // a module not held by a shared_ptr is not checked
+        impl_->module = module.shared_from_this();
+    } catch (const std::bad_weak_ptr&) {
+    }
 }
 
 GradAverager::GradAverager(const std::vector<torch::Tensor>& params, const AvgGradsOptions& opts,
@@ -1294,18 +1355,53 @@ void GradAverager::operator()(std::source_location loc) {
     if (!impl_) detail::fail(kAveragerCall, "used after being moved from");
     auto& im = *impl_;
     if (im.size == 1) return;
-    if (im.overlap) return im.overlap->finish(kAveragerCall);
-    const OrderedSums ordered;
-    std::exception_ptr deferred;
-    if (!im.views.buckets.empty()) {
-        try {
-            run_views(im.views, im.view_params, kAveragerCall);
-        } catch (const Error&) {  // local: the packed collectives still run
-            deferred = std::current_exception();
+    const std::string changed = model_changed(im);  // local: thrown after the collectives
+    if (im.overlap) {
+        im.overlap->finish(kAveragerCall);
+    } else {
+        const OrderedSums ordered;
+        std::exception_ptr deferred;
+        if (!im.views.buckets.empty()) {
+            try {
+                run_views(im.views, im.view_params, kAveragerCall);
+            } catch (const Error&) {  // local: the packed collectives still run
+                deferred = std::current_exception();
+            }
+        }
+        run_packed(im.packed, im.comm, im.size, kAveragerCall);
+        if (deferred) std::rethrow_exception(deferred);
+    }
+    if (!changed.empty()) detail::fail(kAveragerCall, changed);
+}
+
+std::string detail::parameters_changed(const std::vector<torch::Tensor>& made,
+                                       const std::vector<torch::Tensor>& now) {
+    const std::string remedy = ": make a new GradAverager after changing the model's parameters";
+    const auto removed = [&](std::size_t k) {
+        return "the model no longer has parameter #" + std::to_string(k) +
+               " of those this GradAverager was made with (removed since)" + remedy;
+    };
+    const auto among = [&](std::size_t from, std::size_t to, const c10::TensorImpl* t) {
+        return std::any_of(made.begin() + static_cast<std::ptrdiff_t>(from),
+                           made.begin() + static_cast<std::ptrdiff_t>(to),
+                           [&](const at::Tensor& m) { return m.unsafeGetTensorImpl() == t; });
+    };
+    std::size_t k = 0;  // parameters of the model matched so far
+    for (const at::Tensor& t : now) {
+        if (!t.defined()) continue;
+        const c10::TensorImpl* p = t.unsafeGetTensorImpl();
+        if (k < made.size() && made[k].unsafeGetTensorImpl() == p) {
+            ++k;
+        } else if (!among(0, k, p)) {  // else tied: listed before
+            if (among(k, made.size(), p)) return removed(k);
+            return "the model's parameter #" + std::to_string(k) +
+                   " is not one this GradAverager was made with (" +
+                   (k < made.size() ? "added or replaced" : "added") +
+                   " since), so its gradient would not be averaged" + remedy;
         }
     }
-    run_packed(im.packed, im.comm, im.size, kAveragerCall);
-    if (deferred) std::rethrow_exception(deferred);
+    if (k < made.size()) return removed(k);
+    return {};
 }
 
 GradAverager::NoSync::NoSync(GradAverager& avg) : impl_(avg.impl_.get()), was_(true) {
