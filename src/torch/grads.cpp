@@ -477,8 +477,8 @@ void run_views(ViewState& st, const std::vector<at::Tensor>& params, const char*
             const auto n = static_cast<std::size_t>(planned_n);
             if (p.numel() != planned_n || static_cast<int>(p.scalar_type()) != planned_dtype) {
                 if (deferred.empty())
-                    deferred = "a parameter averaged as a bucket view is " + dtype_name(p.scalar_type()) + " of " + std::to_string(p.numel()) +
-                               " elements, but was " +
+                    deferred = "a parameter averaged as a bucket view is " + dtype_name(p.scalar_type()) +
+                               " of " + std::to_string(p.numel()) + " elements, but was " +
                                dtype_name(static_cast<at::ScalarType>(planned_dtype)) + " of " +
                                std::to_string(planned_n) +
                                " when its bucket was planned: its gradient is not averaged; "
@@ -658,8 +658,9 @@ bool grad_in_place(const GradEntry& e, const std::byte* dst) {
 void run_direct(GradEntry& e, const Bucket& b, std::byte* buf, MPI_Comm comm, int size,
                 const char* call, Deferred& defer) {
     at::Tensor& g = e.param.mutable_grad();
-    if (g.defined() && e.param.scalar_type() == e.scalar && plain(g, e.scalar) &&
-        e.param.numel() == static_cast<std::int64_t>(e.numel) && g.numel() == static_cast<std::int64_t>(e.numel)) {
+    const auto n = static_cast<std::int64_t>(e.numel);
+    if (g.defined() && e.param.scalar_type() == e.scalar && plain(g, e.scalar) && e.param.numel() == n &&
+        g.numel() == n) {
         detail::allreduce(MPI_IN_PLACE, g.data_ptr(), e.numel, b.wire.mpi, b.wire.cls, Op::sum,
                           comm, call);
         average_in_place(g.scalar_type(), g.data_ptr(), e.numel, size);
