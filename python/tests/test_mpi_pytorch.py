@@ -162,6 +162,27 @@ def test_grad_averager_model_changed_raises_after_the_collectives(how, match, mo
     del again
 
 
+@pytest.mark.parametrize("mode", ["plain", "views", "overlap"])
+def test_grad_averager_tied_parameters_are_not_a_change(mode):
+    # a weight registered in two modules, a module registered twice: the
+    # model read again at each call lists them twice, as it was made with
+    m = nn.Module()
+    m.enc = nn.Linear(6, 6)
+    m.dec = nn.Linear(6, 6)
+    m.dec.weight = m.enc.weight
+    m.again = m.enc
+    opts = {"views": dict(gradient_as_bucket_view=True),
+            "overlap": dict(overlap=True, overlap_on_one_node=True)}.get(mode, {})
+    avg = mp.GradAverager(m, **opts)
+    for _ in range(2):
+        fill_grads(m)
+        grads = MPI.COMM_WORLD.allgather([p.grad.clone() for p in m.parameters()])
+        avg()
+        for i, p in enumerate(m.parameters()):
+            torch.testing.assert_close(p.grad, sum(g[i] for g in grads) / SIZE)
+    del avg
+
+
 def test_grad_averager_bad_arguments():
     for cap in (0, -1):
         with pytest.raises(mpiml.ArgumentError, match="bucket_cap_mb must be positive"):
