@@ -7,7 +7,10 @@
 // (uncaught), throw_run (the same inside mpiml::run, which unwinds the
 // averager), exit_inside
 // (std::exit(3) while its own communication thread waits in its allreduce: the
-// other ranks come 1 s late). The job must end with a non-zero status and a
+// other ranks come 1 s late). free_exit and free_return: the free function
+// mpi_avg_grads (its plans cached per thread, buckets in shared memory), and
+// at step 2 the faulty rank calls std::exit(3) or returns from main while the
+// others wait in the averaging. The job must end with a non-zero status and a
 // message naming the rank, never hang. FAULT_BUCKET_VIEWS set: with
 // gradient_as_bucket_view too.
 #include <mpiml/mpiml.hpp>
@@ -30,7 +33,30 @@
 
 namespace {
 
+int free_function(const std::string& mode, int faulty) {
+    const int rank = mpiml::proc_id();
+    torch::manual_seed(1);
+    torch::nn::Sequential net(torch::nn::Linear(64, 256), torch::nn::Linear(256, 8));
+    mpiml::AvgGradsOptions o;
+    o.gradient_as_bucket_view = std::getenv("FAULT_BUCKET_VIEWS") != nullptr;
+    torch::optim::SGD opt(net->parameters(), 0.01);
+    const auto x = torch::randn({32, 64}), y = torch::randn({32, 8});
+    for (int step = 0; step < 5; ++step) {
+        if (step == 2 && rank == faulty) {
+            fault_mark();
+            if (mode == "free_exit") std::exit(3);
+            return 0;
+        }
+        opt.zero_grad();
+        torch::nn::functional::mse_loss(net->forward(x), y).backward();
+        mpiml::mpi_avg_grads(*net, o);
+        opt.step();
+    }
+    return 0;
+}
+
 int body(const std::string& mode, int faulty) {
+    if (mode.starts_with("free_")) return free_function(mode, faulty);
     const int rank = mpiml::proc_id();
     torch::manual_seed(1);
     torch::nn::Sequential net(torch::nn::Linear(64, 256), torch::nn::Linear(256, 256),

@@ -60,10 +60,13 @@ def mpi_fork(n, bind_to_core=False, restarts=0, backoff=1.0):
     program = [sys.executable] + orig[1:]
     sys.stdout.flush()
     sys.stderr.flush()
+    # Open MPI settings the program made: os.environ never holds the ones an
+    # MPI started in this process set (mpi4py imported first), so these pass.
+    user = [k + "=" + v for k, v in os.environ.items() if k.startswith("OMPI_MCA_")]
     if int(restarts) > 0:
         sys.exit(_core.run_with_restarts(int(n), bool(bind_to_core), program, int(restarts),
-                                         float(backoff)))
-    argv, env = _core.plan_fork(int(n), bool(bind_to_core))
+                                         float(backoff), user))
+    argv, env = _core.plan_fork(int(n), bool(bind_to_core), user)
     # The plan ends with this process's own command line (/proc/self/cmdline).
     first = len(argv) - len(orig)
     argv = argv[:first] + [os.fsencode(a) for a in program]

@@ -9,6 +9,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include <algorithm>
 #include <atomic>
 #include <complex>
 #include <memory>
@@ -496,20 +497,32 @@ PYBIND11_MODULE(_core, m) {
     });
 
     // The C++ launcher's plan: (launcher argv, environment), bytes, byte-exact.
-    m.def("plan_fork", [](int n, bool bind_to_core) {
-        const auto plan = detail::plan_fork(n, bind_to_core);
+    // user: NAME=value settings the program made, kept where the plan's
+    // filter of an MPI runtime's variables dropped them.
+    auto with_user = [](detail::LaunchPlan plan, const std::vector<std::string>& user) {
+        for (const auto& kv : user) {
+            const auto name = kv.substr(0, kv.find('=') + 1);
+            if (std::none_of(plan.env.begin(), plan.env.end(),
+                             [&](const std::string& e) { return e.rfind(name, 0) == 0; }))
+                plan.env.push_back(kv);
+        }
+        return plan;
+    };
+    m.def("plan_fork", [with_user](int n, bool bind_to_core, const std::vector<std::string>& user) {
+        const auto plan = with_user(detail::plan_fork(n, bind_to_core), user);
         py::list argv, env;
         for (const auto& a : plan.argv) argv.append(py::bytes(a));
         for (const auto& e : plan.env) env.append(py::bytes(e));
         return py::make_tuple(argv, env);
-    });
+    }, py::arg("n"), py::arg("bind_to_core"), py::arg("user") = std::vector<std::string>{});
     // mpi_fork with restarts: program is the command line to run on n ranks.
-    m.def("run_with_restarts", [](int n, bool bind_to_core, const std::vector<std::string>& program,
-                                  int restarts, double backoff) {
-        const auto plan = detail::plan_program(n, bind_to_core, program);
+    m.def("run_with_restarts", [with_user](int n, bool bind_to_core, const std::vector<std::string>& program,
+                                           int restarts, double backoff, const std::vector<std::string>& user) {
+        const auto plan = with_user(detail::plan_program(n, bind_to_core, program), user);
         py::gil_scoped_release nogil;
         return detail::run_with_restarts(plan, restarts, backoff, "mpi_fork");
-    });
+    }, py::arg("n"), py::arg("bind_to_core"), py::arg("program"), py::arg("restarts"),
+       py::arg("backoff"), py::arg("user") = std::vector<std::string>{});
     m.def("started_by_launcher", [] { return detail::started_by_launcher(); });
     m.def("restart_attempt", [] { return restart_attempt(); },
           "0 on a job's first run, k on its k-th restart (MPIML_ATTEMPT)");

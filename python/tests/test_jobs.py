@@ -177,6 +177,29 @@ def test_mpi_fork_python_dash_m(tmp_path):
         assert got["size"] == 2
 
 
+@pytest.mark.parametrize("mpi4py_first", [True, False])
+def test_mpi_fork_after_mpi4py_started_mpi(tmp_path, mpi4py_first):
+    # mpi4py's import starts MPI as a singleton, which sets the variables a
+    # launcher sets; mpi_fork must still start the ranks. An Open MPI setting
+    # the program put in os.environ before the import reaches the ranks.
+    order = ["from mpi4py import MPI", "import mpiml.mpi_tools as mt"]
+    if not mpi4py_first:
+        order.reverse()
+    script = write(tmp_path, "fork4py.py", """
+        import os, sys
+        if "IN_MPI" not in os.environ:  # the program as started, not its ranks
+            os.environ["OMPI_MCA_mpi_show_handle_leaks"] = "0"
+        {}
+        {}
+        mt.mpi_fork(2)
+        print("rank", mt.proc_id(), "of", mt.num_procs(), MPI.COMM_WORLD.Get_size(),
+              os.environ.get("OMPI_MCA_mpi_show_handle_leaks"), flush=True)
+        """.format(*order))
+    p = subprocess.run([PY, script], capture_output=True, text=True, timeout=60, env=clean_env())
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert sorted(p.stdout.splitlines()) == ["rank 0 of 2 2 0", "rank 1 of 2 2 0"], p.stdout + p.stderr
+
+
 def test_mpi_fork_is_a_no_op_for_one_rank_and_in_mpi(tmp_path):
     script = write(tmp_path, "noop.py", """
         import sys, mpiml.mpi_tools as mt

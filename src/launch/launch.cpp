@@ -42,30 +42,51 @@ std::vector<std::string> environ_now() {
     return env;
 }
 
-// The environment as the program started, before any MPI runtime added to it.
-const std::vector<std::string> initial_env = environ_now();
+// The environment as the program started: the kernel's copy, which setenv()
+// leaves alone. environ, even when the library loads, can already hold an MPI
+// singleton's variables (mpi4py imported first).
+std::vector<std::string> exec_env() {
+    std::ifstream in("/proc/self/environ", std::ios::binary);
+    if (!in) return environ_now();
+    std::vector<std::string> env;
+    std::string kv;
+    while (std::getline(in, kv, '\0'))
+        if (!kv.empty()) env.push_back(kv);
+    return env;
+}
+
+const std::vector<std::string> initial_env = exec_env();
+// What the program had set when the library loaded (os.environ before import).
+const std::vector<std::string> load_env = environ_now();
 
 bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
 
 std::string env_name(const std::string& kv) { return kv.substr(0, kv.find('=')); }
 
-bool in_initial_env(const std::string& kv) {
-    for (const auto& e : initial_env)
-        if (e == kv) return true;
-    return false;
-}
-
 // Started by a launcher: Open MPI, PMIx (Open MPI, Slurm), MPICH's Hydra and
-// PMI-2 (Slurm) set these. The environment as the program started: an MPI
-// initialized since (a singleton) adds them too.
-bool initial_env_was_launched() {
-    for (const auto& e : initial_env) {
+// PMI-2 (Slurm) set these; an MPI singleton sets them too.
+bool has_launch_var(const std::vector<std::string>& env) {
+    for (const auto& e : env) {
         const auto n = env_name(e);
         if (n == "OMPI_COMM_WORLD_RANK" || n == "OMPI_COMM_WORLD_SIZE" || n == "PMIX_RANK" ||
             n == "PMI_RANK" || n == "PMI_SIZE")
             return true;
     }
     return false;
+}
+
+bool initial_env_was_launched() { return has_launch_var(initial_env); }
+
+bool contains(const std::vector<std::string>& env, const std::string& kv) {
+    return std::find(env.begin(), env.end(), kv) != env.end();
+}
+
+// Set by the user, not by an MPI runtime: in the environment the program
+// started with, or set by the program before the library loaded unless an
+// MPI runtime had started by then.
+bool in_initial_env(const std::string& kv) {
+    if (contains(initial_env, kv)) return true;
+    return contains(load_env, kv) && !(has_launch_var(load_env) && !initial_env_was_launched());
 }
 
 // Variables an MPI runtime sets for its own processes. Passed on to a child

@@ -527,6 +527,24 @@ void run_views(ViewState& st, const std::vector<at::Tensor>& params, const char*
     if (!deferred.empty()) detail::fail(call, deferred);
 }
 
+/// A thread's plan cache, never destroyed: its buckets' shared windows are
+/// freed collectively, and a destructor run at exit() or at a thread's end
+/// (before mpiml's exit guard) would wait on this rank alone, forever.
+/// mpiml's finalize frees the windows on every rank.
+template <class Cache>
+Cache& thread_cache() {
+    thread_local Cache* c = [] {
+        static auto* m = new std::mutex;
+        static auto* all = new std::vector<std::unique_ptr<Cache>>;  // kept reachable
+        auto p = std::make_unique<Cache>();
+        Cache* raw = p.get();
+        std::lock_guard lock(*m);
+        all->push_back(std::move(p));
+        return raw;
+    }();
+    return *c;
+}
+
 /// The free function's plans for gradient_as_bucket_view, one per parameter
 /// list (per model), least recently used dropped past kCachedPlans per
 /// communicator.
@@ -539,10 +557,7 @@ struct ViewCache {
     std::vector<std::unique_ptr<Entry>> entries;
     std::uint64_t clock = 0;
 };
-ViewCache& view_cache() {
-    thread_local ViewCache c;
-    return c;
-}
+ViewCache& view_cache() { return thread_cache<ViewCache>(); }
 
 void avg_grads_as_views(const std::vector<at::Tensor>& params, const AvgGradsOptions& opts,
                         MPI_Comm comm, const char* call) {
@@ -789,10 +804,7 @@ struct PackedCache {
     std::vector<Eligible> eligible;                 // reused per call
     std::uint64_t clock = 0;
 };
-PackedCache& packed_cache() {
-    thread_local PackedCache c;
-    return c;
-}
+PackedCache& packed_cache() { return thread_cache<PackedCache>(); }
 
 void avg_packed_cached(const std::vector<Eligible>& ps, const AvgGradsOptions& opts,
                        MPI_Comm comm, int size, const char* call) {
