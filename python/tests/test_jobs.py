@@ -427,6 +427,37 @@ def test_torch_distributed_rank_that_exits_while_others_wait_ends_the_job(tmp_pa
                      r"allreduce #\d+ - aborting the job", out), out
 
 
+GROUPS_AT_ONCE = """
+    import torch, torch.distributed as dist, mpiml.torch
+    mpiml.torch.init_process_group()
+    rank = dist.get_rank()
+    groups = [dist.new_group() for _ in range(4)]
+    ts = [torch.ones(4) for _ in groups]
+    order = list(range(len(groups)))
+    if rank % 2:
+        order.reverse()
+    # each group's worker makes its shared-memory context at its first call,
+    # the groups in a different order on each rank
+    works = [dist.all_reduce(ts[i], group=groups[i], async_op=True) for i in order]
+    for w in works:
+        w.wait()
+    print("done", [t[0].item() for t in ts], flush=True)
+    """
+
+
+def test_torch_distributed_groups_started_at_once_end_cleanly(tmp_path):
+    # MPI_Finalize frees every group's shared window, collectively: in one
+    # order on every rank whatever order the groups' threads made them in.
+    if importlib.util.find_spec("mpiml._c10d") is None:
+        pytest.skip("mpiml was built without the torch.distributed backend")
+    script = write(tmp_path, "groups.py", GROUPS_AT_ONCE)
+    for _ in range(6):
+        p, _ = run(mpirun(2, PY, script), timeout=60)
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, out
+        assert p.stdout.count("[2.0, 2.0, 2.0, 2.0]") == 2, out  # lines may interleave
+
+
 RESTART = """
     import numpy as np
     import mpiml.mpi_tools as mt

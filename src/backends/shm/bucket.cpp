@@ -140,8 +140,7 @@ SharedBucket::SharedBucket(std::size_t bytes, Comm comm) {
         detail::check_mpi(MPI_Win_shared_query(win_, q, &sz, &disp, &peers_[q]), call);
         peers_[q] = detail::align_line(peers_[q]);
     }
-    id_ = detail::next_bucket_id++;
-    detail::bucket_windows()[id_] = win_;
+    id_ = detail::add_bucket_window(win_, detail::free_order_key(comm_, call));
     std::lock_guard lock(detail::bucket_mutex);
     detail::bucket_memory()[data_] = {ctx_.get(), peers_.get(), bytes_, comm_};
     detail::bucket_count.store(detail::bucket_memory().size(), std::memory_order_relaxed);
@@ -183,10 +182,7 @@ void SharedBucket::release() noexcept {
         detail::bucket_memory().erase(data_);
         detail::bucket_count.store(detail::bucket_memory().size(), std::memory_order_relaxed);
     }
-    auto& live = detail::bucket_windows();
-    const auto it = live.find(id_);
-    if (!finalized && it != live.end()) {  // else mpiml's finalize freed it
-        live.erase(it);
+    if (!finalized && detail::remove_bucket_window(id_)) {  // else mpiml's finalize freed it
         MPI_Win_unlock_all(win_);
         MPI_Win_free(&win_);
     }

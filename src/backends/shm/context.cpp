@@ -11,6 +11,7 @@
 #include <mpiml/error.hpp>
 
 #include <algorithm>
+#include <mutex>
 #include <string>
 
 namespace mpiml {
@@ -37,13 +38,22 @@ shm::Config& config_ref() {
 
 // ------------------------------------------------------------------ context
 
-std::map<std::size_t, MPI_Win>& bucket_windows() {
-    static auto* m = new std::map<std::size_t, MPI_Win>;
+namespace {
+
+// Guards the registries below: contexts and buckets are made by several
+// threads at once (one per torch.distributed group). Never destroyed:
+// buckets may be released from static destructors.
+std::mutex& registry_mutex() {
+    static auto* m = new std::mutex;
+    return *m;
+}
+
+std::map<std::size_t, BucketWindow>& bucket_windows() {
+    static auto* m = new std::map<std::size_t, BucketWindow>;
     return *m;
 }
 std::size_t next_bucket_id = 0;
-
-namespace {
+std::atomic<std::int64_t> next_proposal{0};
 
 int ctx_keyval = MPI_KEYVAL_INVALID;
 bool hook_registered = false;
@@ -66,19 +76,77 @@ struct ContextCache {
 };
 thread_local ContextCache ctx_cache;
 
-// Inside MPI_Finalize, in creation order on every rank (so collectively).
+// Inside MPI_Finalize: every bucket's and context's window freed in free
+// key order, the same on every rank.
 void finalize_shm() {
     ctx_generation.fetch_add(1, std::memory_order_acq_rel);
-    for (auto& [id, w] : bucket_windows()) {
-        MPI_Win_unlock_all(w);
-        MPI_Win_free(&w);
+    std::lock_guard lock(registry_mutex());
+    struct Item {
+        const std::vector<std::int64_t>* key;
+        MPI_Win* bucket;
+        ShmContext* ctx;
+    };
+    std::vector<std::shared_ptr<ShmContext>> alive;
+    std::vector<Item> items;
+    for (auto& [id, b] : bucket_windows()) items.push_back({&b.key, &b.win, nullptr});
+    for (auto& w : contexts())
+        if (auto c = w.lock()) {
+            alive.push_back(c);
+            items.push_back({&c->free_key, nullptr, c.get()});
+        }
+    // A context's key comes before its buckets' (made after it on its comm).
+    std::stable_sort(items.begin(), items.end(),
+                     [](const Item& a, const Item& b) { return *a.key < *b.key; });
+    for (auto& it : items) {
+        if (it.bucket) {
+            MPI_Win_unlock_all(*it.bucket);
+            MPI_Win_free(it.bucket);
+        } else {
+            it.ctx->release();
+        }
     }
     bucket_windows().clear();
     forget_bucket_memory();
-    for (auto& w : contexts())
-        if (auto c = w.lock()) c->release();
     contexts().clear();
 }
+
+}  // namespace
+
+std::vector<std::int64_t> free_order_key(MPI_Comm comm, const char* call) {
+    int world = 0, size = 0;
+    check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &world), call);
+    check_mpi(MPI_Comm_size(comm, &size), call);
+    // A number of this rank's own, never given twice; with the world rank, a
+    // communicator's (rank, number) pairs differ from those of any other
+    // communicator this rank belongs to.
+    const std::int64_t mine[2] = {world, next_proposal.fetch_add(1, std::memory_order_relaxed)};
+    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size));
+    check_mpi(MPI_Allgather(mine, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, comm), call);
+    std::vector<std::pair<std::int64_t, std::int64_t>> pairs;
+    std::int64_t top = 0;
+    for (int r = 0; r < size; ++r) {
+        pairs.emplace_back(all[2 * r], all[2 * r + 1]);
+        top = std::max(top, all[2 * r + 1]);
+    }
+    std::sort(pairs.begin(), pairs.end());
+    std::vector<std::int64_t> key{top};
+    for (const auto& [w, p] : pairs) key.insert(key.end(), {w, p});
+    return key;
+}
+
+std::size_t add_bucket_window(MPI_Win win, std::vector<std::int64_t> key) {
+    std::lock_guard lock(registry_mutex());
+    const std::size_t id = next_bucket_id++;
+    bucket_windows()[id] = {win, std::move(key)};
+    return id;
+}
+
+bool remove_bucket_window(std::size_t id) {
+    std::lock_guard lock(registry_mutex());
+    return bucket_windows().erase(id) > 0;
+}
+
+namespace {
 
 int delete_ctx(MPI_Comm, int, void* value, void*) {
     ctx_generation.fetch_add(1, std::memory_order_acq_rel);
@@ -125,6 +193,7 @@ std::shared_ptr<ShmContext> create_context(MPI_Comm comm, const char* call) {
     check_mpi(MPI_Comm_size(c->node, &c->node_size), call);
     check_mpi(MPI_Comm_split(comm, c->node_rank == 0 ? 0 : MPI_UNDEFINED, c->rank, &c->leaders),
               call);
+    c->free_key = free_order_key(comm, call);
     int lead[2] = {-1, 0};  // leader rank, number of nodes
     if (c->leaders != MPI_COMM_NULL) {
         check_mpi(MPI_Comm_rank(c->leaders, &lead[0]), call);
@@ -204,9 +273,12 @@ std::vector<int> node_numbers(MPI_Comm comm, const char* call) {
 
 // The context of comm, created collectively on first use.
 std::shared_ptr<ShmContext> context(MPI_Comm comm, const char* call) {
-    if (ctx_keyval == MPI_KEYVAL_INVALID)
-        check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_ctx, &ctx_keyval, nullptr),
-                  "MPI_Comm_create_keyval");
+    {
+        std::lock_guard lock(registry_mutex());
+        if (ctx_keyval == MPI_KEYVAL_INVALID)
+            check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_ctx, &ctx_keyval, nullptr),
+                      "MPI_Comm_create_keyval");
+    }
     void* v = nullptr;
     int flag = 0;
     check_mpi(MPI_Comm_get_attr(comm, ctx_keyval, &v, &flag), call);
@@ -217,6 +289,7 @@ std::shared_ptr<ShmContext> context(MPI_Comm comm, const char* call) {
     }
     auto c = create_context(comm, call);
     check_mpi(MPI_Comm_set_attr(comm, ctx_keyval, new std::shared_ptr<ShmContext>(c)), call);
+    std::lock_guard lock(registry_mutex());
     contexts().push_back(c);
     if (!hook_registered) {
         register_finalize_hook(&finalize_shm);

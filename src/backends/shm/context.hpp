@@ -77,6 +77,7 @@ struct ShmContext {
     std::vector<char> scratch;         // leader reduce-scatter
     std::vector<char> inbox;           // slices received from the other node (kPeerDepth)
     bool alive = false;
+    std::vector<std::int64_t> free_key;  // free_order_key(comm): finalize frees in its order
 
     char* set(int q) const { return data[q] + (round % 2) * chunk; }
 
@@ -220,8 +221,20 @@ bool bucket_reduce(void* data, std::size_t count, MPI_Datatype type, const Reduc
 /// Drops every bucket's memory from the recognized set (at finalization).
 void forget_bucket_memory();
 
-/// Shared buckets still alive, by creation number (freed in that order).
-std::map<std::size_t, MPI_Win>& bucket_windows();
-extern std::size_t next_bucket_id;
+/// A key the ranks of comm agree on (collective). Keys of two communicators
+/// that share a rank differ, whatever order the ranks' threads made them in,
+/// so freeing windows in key order is one order on every rank.
+std::vector<std::int64_t> free_order_key(MPI_Comm comm, const char* call);
+
+/// A shared bucket still alive: its window and free order key.
+struct BucketWindow {
+    MPI_Win win = MPI_WIN_NULL;
+    std::vector<std::int64_t> key;
+};
+/// Registers a live bucket's window; returns its id.
+std::size_t add_bucket_window(MPI_Win win, std::vector<std::int64_t> key);
+/// Unregisters it: true when the caller frees the window (false once
+/// finalization freed it).
+bool remove_bucket_window(std::size_t id);
 
 }  // namespace mpiml::detail
