@@ -53,6 +53,20 @@ using RedOp = c10d::ReduceOp::RedOpType;
     mpiml::detail::fail(("mpiml c10d " + call).c_str(), what);
 }
 
+// Runs f on a worker as the caller's data: copies into the user's tensors are
+// not autograd's (a Parameter is a leaf that requires grad, and grad mode is
+// per thread: torch.no_grad() around the call does not reach the worker).
+// LibTorch's errors name the call and the rank.
+template <class F>
+void run_untracked(const std::string& call, F&& f) {
+    try {
+        c10::AutoGradMode grad_off(false);
+        f();
+    } catch (const c10::Error& e) {
+        fail(call, e.what_without_backtrace());
+    }
+}
+
 void check(int rc, const std::string& call) {
     mpiml::detail::check_mpi(rc, ("mpiml c10d " + call).c_str());
 }
@@ -396,12 +410,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::collective(
     const bool check = size_ > 1 && check_.load(std::memory_order_relaxed);
     queue_->push(WorkerQueue::Op{
         name,
-        [this, work, call, type, sig, check, body = std::move(body)] {
+        [this, work, call, name, type, sig, check, body = std::move(body)] {
             work->profile_start();
             mpiml::detail::DoorScope scope({exit_kind(type), call, comm_, sig.data(),
                                             static_cast<int>(sig.size()), describe_sig,
                                             check, timeout_s_, where_});
-            body();
+            run_untracked(name, body);
             return WorkerQueue::Posted{};
         },
         [work](std::exception_ptr e) { work->complete(e); }});
@@ -721,6 +735,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::_reduce_scatter_base(
                    });
 }
 
+// With the group's check: what each rank sends to each other rank is what that
+// rank expects from it, or every rank throws naming the first pair that
+// differs (the agreement round compares only what all ranks pass alike).
+void ProcessGroupMpiml::check_alltoall(const std::string& c, const std::vector<int>& send,
+                                       const std::vector<int>& recv) {
+    std::vector<int> sent(size_);
+    check(MPI_Alltoall(send.data(), 1, MPI_INT, sent.data(), 1, MPI_INT, comm_), c + " (size check)");
+    int mine[3] = {-1, 0, 0};  // the first rank whose bytes differ, they send, expected
+    for (int r = 0; r < size_ && mine[0] < 0; ++r)
+        if (sent[r] != recv[r]) mine[0] = r, mine[1] = sent[r], mine[2] = recv[r];
+    std::vector<int> all(3 * static_cast<std::size_t>(size_));
+    check(MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, comm_), c + " (size check)");
+    for (int r = 0; r < size_; ++r)
+        if (all[3 * r] >= 0)
+            fail(c, "mismatched sizes: rank " + std::to_string(r) + " expects " +
+                        std::to_string(all[3 * r + 2]) + " bytes from rank " + std::to_string(all[3 * r]) +
+                        ", which sends it " + std::to_string(all[3 * r + 1]));
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
     std::vector<int64_t>& input_splits, const c10d::AllToAllOptions&) {
@@ -759,8 +792,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::alltoall_base(
     const int64_t out_row_bytes = output.dim() == 0 || output.size(0) == 0 ? 0 : output.nbytes() / output.size(0);
     const Sig sig{{static_cast<int64_t>(OpType::ALLTOALL_BASE), -1, dtype_id(input.scalar_type()), -1}};
     at::Tensor in = input, out = output;
+    const bool checked = size_ > 1 && check_.load(std::memory_order_relaxed);
     return collective(c, OpType::ALLTOALL_BASE, "mpiml:all_to_all", {input}, {output}, sig,
-                   [this, in, out, in_rows, out_rows, in_row_bytes, out_row_bytes, c] {
+                   [this, in, out, in_rows, out_rows, in_row_bytes, out_row_bytes, c, checked] {
                        std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
                        std::size_t so = 0, ro = 0;
                        for (int r = 0; r < size_; ++r) {
@@ -773,6 +807,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::alltoall_base(
                            so += sb;
                            ro += rb;
                        }
+                       if (checked) check_alltoall(c, sc, rc);
                        at::Tensor src = in.contiguous();
                        Contig dst(out);
                        check(MPI_Alltoallv(src.data_ptr(), sc.data(), sd.data(), MPI_BYTE, dst.data(),
@@ -800,8 +835,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::alltoall(std::vector<at::Tenso
     const Sig sig{{static_cast<int64_t>(OpType::ALLTOALL), -1, dtype_id(inputs[0].scalar_type()), -1}};
     auto ins = inputs;
     auto outs = outputs;
+    const bool checked = size_ > 1 && check_.load(std::memory_order_relaxed);
     return collective(c, OpType::ALLTOALL, "mpiml:all_to_all", inputs, outputs, sig,
-                   [this, ins, outs, c] {
+                   [this, ins, outs, c, checked] {
                        std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
                        std::size_t so = 0, ro = 0;
                        std::vector<at::Tensor> parts;
@@ -814,6 +850,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::alltoall(std::vector<at::Tenso
                            ro += nbytes(outs[r]);
                            parts.push_back(ins[r].contiguous().view({-1}).view(at::kByte));
                        }
+                       if (checked) check_alltoall(c, sc, rc);
                        at::Tensor send = at::cat(parts);
                        at::Tensor recv = at::empty({static_cast<int64_t>(ro)}, at::kByte);
                        check(MPI_Alltoallv(send.data_ptr(), sc.data(), sd.data(), MPI_BYTE,
@@ -871,9 +908,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::p2p(std::vector<at::Tensor>& t
                                 comm_, &p.req),
                       name + " (MPI_Irecv)");
             if (!is_send)
-                p.done = [h, work, any_source](const MPI_Status& st) {
+                p.done = [h, work, any_source, name](const MPI_Status& st) {
                     if (any_source) work->set_source(st.MPI_SOURCE);
-                    h->buf.finish();
+                    run_untracked(name, [&] { h->buf.finish(); });
                 };
             p.hold = h;
             return p;

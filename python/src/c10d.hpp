@@ -125,6 +125,8 @@ private:
     c10::intrusive_ptr<c10d::Work> p2p(std::vector<at::Tensor>& tensors, int peer, int tag,
                                        bool is_send, bool any_source);
     int check_root(const std::string& call, int64_t root) const;
+    void check_alltoall(const std::string& call, const std::vector<int>& send,
+                        const std::vector<int>& recv);
     void reduce_inplace(at::Tensor& contig, c10d::ReduceOp::RedOpType op, const std::string& call);
 
     MPI_Comm comm_ = MPI_COMM_NULL;

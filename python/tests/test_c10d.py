@@ -377,6 +377,53 @@ def test_mismatch_across_ranks_is_an_error_everywhere(world):
     assert torch.equal(t, torch.full((4,), float(n)))
 
 
+def test_all_to_all_size_mismatch_is_an_error_everywhere(world):
+    # What a rank sends to another must be what that one expects from it.
+    rank, n = world
+    rows = 2 if rank == 0 else 3
+    out = torch.zeros(n * rows)
+    with pytest.raises(RuntimeError, match=r"mpiml c10d all_to_all_single on rank %d/%d: mismatched "
+                       r"sizes: rank 0 expects 8 bytes from rank 1, which sends it 12" % (rank, n)):
+        dist.all_to_all_single(out, torch.ones(n * rows))
+    outs = [torch.zeros(rows) for _ in range(n)]
+    with pytest.raises(RuntimeError, match=r"mpiml c10d all_to_all on rank %d/%d: mismatched sizes: "
+                       r"rank 0 expects 8 bytes from rank 1, which sends it 12" % (rank, n)):
+        dist.all_to_all(outs, [torch.ones(rows) for _ in range(n)])
+    out = torch.zeros(2 * n)  # the group goes on
+    dist.all_to_all_single(out, torch.full((2 * n,), float(rank)))
+    assert torch.equal(out, torch.arange(n).repeat_interleave(2).float())
+
+
+def test_collectives_on_parameters(world, gloo):
+    # Leaves that require grad, written in place by the group's worker (where
+    # torch.no_grad() of the caller does not reach), as Gloo writes them.
+    rank, n = world
+    for group in (None, gloo):
+        p = torch.nn.Parameter(torch.full((3,), float(rank + 1)))
+        dist.all_reduce(p, group=group)
+        assert torch.equal(p.detach(), torch.full((3,), float(n * (n + 1) // 2)))
+        q = torch.nn.Parameter(torch.ones(2, 3) * (rank + 1)).t()  # not contiguous
+        dist.all_reduce(q, group=group)
+        assert torch.equal(q.detach(), torch.full((3, 2), float(n * (n + 1) // 2)))
+        h = torch.nn.Parameter(torch.ones(3, dtype=torch.half))
+        dist.all_reduce(h, group=group)
+        assert torch.equal(h.detach(), torch.full((3,), float(n), dtype=torch.half))
+        r = torch.nn.Parameter(torch.ones(3))
+        dist.reduce(r, 0, group=group)
+        if rank == 0:  # elsewhere undefined (as torch.distributed documents)
+            assert torch.equal(r.detach(), torch.full((3,), float(n)))
+        b = torch.nn.Parameter(torch.zeros(2, 3)).t()
+        if rank == 0:
+            with torch.no_grad():
+                b.fill_(5.0)
+        dist.broadcast(b, 0, group=group)
+        assert torch.equal(b.detach(), torch.full((3, 2), 5.0))
+        assert p.requires_grad and p.grad_fn is None  # still a leaf
+    a = torch.nn.Parameter(torch.full((3,), float(rank)))
+    dist.all_reduce(a, op=dist.ReduceOp.AVG)
+    assert torch.equal(a.detach(), torch.full((3,), (n - 1) / 2))
+
+
 @pytest.mark.parametrize("core_check", [False, True], ids=["check", "check+MPIML_CHECK"])
 def test_one_agreement_round_per_collective(world, core_check):
     # The group's check and the core's (MPIML_CHECK, mpiml.set_check) share
