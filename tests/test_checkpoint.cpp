@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "expect_error.hpp"
+
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/mount.h>
@@ -272,6 +274,113 @@ TEST(Checkpoint, KeepsTheLastK) {
     mpiml::Checkpointer all(d.path(), {.keep = 0});
     for (std::int64_t s = 61; s <= 65; ++s) all.save(s, make_state(s));
     EXPECT_EQ(ck.steps().size(), 6u);
+}
+
+// A run resumed from an older step: the newest checkpoint is the one saved
+// last, not the abandoned run's higher steps, for loads and for pruning.
+TEST(Checkpoint, ResumedFromAnOlderStepTheLastSavedIsTheNewest) {
+    Dir d;
+    mpiml::Checkpointer ck(d.path(), {.keep = 3});
+    for (std::int64_t s = 1; s <= 4; ++s) ck.save(s, make_state(s));  // 2, 3, 4 kept
+    mpiml::CheckpointState st;
+    ASSERT_TRUE(ck.load(2, st));
+    ck.save(3, make_state(30));  // the resumed run's step 3 replaces the abandoned one
+    auto r = ck.load_latest(st);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->step, 3);
+    expect_state(st, 30);
+    ck.save(1, make_state(10));  // resumed again, from further back
+    r = ck.load_latest(st);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->step, 1);
+    expect_state(st, 10);
+    // keep = 3: the three saved last (3, 4 was saved before the resumed 3)
+    EXPECT_EQ(ck.steps(), (std::vector<std::int64_t>{1, 3, 4}));
+    ck.save(2, make_state(20));
+    EXPECT_EQ(ck.steps(), (std::vector<std::int64_t>{1, 2, 3}));
+    r = ck.load_latest(st);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->step, 2);
+    expect_state(st, 20);
+}
+
+TEST(Checkpoint, StepBeyondEighteenDigitsIsRefused) {
+    Dir d;
+    mpiml::Checkpointer ck(d.path());
+    const std::int64_t top = 999'999'999'999'999'999;
+    ck.save(top, make_state(5));
+    mpiml::CheckpointState st;
+    auto r = ck.load_latest(st);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->step, top);
+    EXPECT_EQ(ck.steps(), (std::vector<std::int64_t>{top}));
+    mpiml_test::expect_error([&] { ck.save(top + 1, make_state(5)); },
+                             {"mpiml::Checkpointer::save", "step must be at most 999999999999999999"});
+}
+
+// The MANIFEST's metadata and file list are checksummed too.
+TEST(Checkpoint, ChangedManifestFallsBack) {
+    Dir d;
+    mpiml::Checkpointer ck(d.path());
+    mpiml::CheckpointState st = make_state(1);
+    st.metadata["lr"] = "0.001";
+    ck.save(1, st);
+    st = make_state(2);
+    st.metadata["lr"] = "0.001";
+    ck.save(2, st);
+    on_rank0([&] {
+        const fs::path m = d / "step-00000002" / "MANIFEST";
+        std::ifstream in(m);
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        const auto at = text.find("0.001");
+        ASSERT_NE(at, std::string::npos);
+        text.replace(at, 5, "0.901");
+        std::ofstream(m, std::ios::trunc) << text;
+    });
+    mpiml::CheckpointState got;
+    testing::internal::CaptureStderr();
+    auto r = ck.load_latest(got);
+    testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->step, 1);
+    EXPECT_EQ(got.metadata.at("lr"), "0.001");
+    ASSERT_EQ(r->skipped.size(), 1u);
+    EXPECT_NE(r->skipped[0].find("MANIFEST: checksum mismatch"), std::string::npos) << r->skipped[0];
+}
+
+// Two jobs saving into one directory would clear each other's saves under
+// way and prune each other's checkpoints: the second one's save is an error.
+TEST(Checkpoint, AnotherJobSavingIntoTheDirectoryIsAnError) {
+    if (size() < 2) GTEST_SKIP() << "needs 2 ranks";
+    Dir d;
+    if (rank() == 0) {
+        mpiml::Checkpointer mine(d.path(), {.comm = mpiml::Comm(MPI_COMM_SELF)});
+        mine.save(1, make_state(1));
+    }
+    mpiml::barrier();
+    if (rank() == 1) {
+        mpiml::Checkpointer other(d.path(), {.comm = mpiml::Comm(MPI_COMM_SELF)});
+        expect_checkpoint_error([&] { other.save(2, make_state(2)); },
+                                {"step 2 not saved in " + d.path().string(),
+                                 "another job saves checkpoints into " + d.path().string(),
+                                 "host", "give each job a directory of its own"});
+        expect_checkpoint_error([&] { other.clear(); },
+                                {"mpiml::Checkpointer::clear", "another job saves checkpoints into"});
+        EXPECT_EQ(other.steps(), (std::vector<std::int64_t>{1}));
+    }
+    mpiml::barrier();
+    mpiml::Checkpointer ck(d.path());  // the first job's rank 0 holds the lock
+    ck.save(3, make_state(3));
+    mpiml::CheckpointState st;
+    auto r = ck.load_latest(st);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->step, 3);
+    expect_state(st, 3);
+    ck.clear();  // a fresh start
+    EXPECT_TRUE(ck.steps().empty());
+    EXPECT_FALSE(ck.load_latest(st));
+    ck.save(1, make_state(1));
+    EXPECT_EQ(ck.steps(), (std::vector<std::int64_t>{1}));
 }
 
 // The newest checkpoint damaged in one file: every rank falls back to the

@@ -819,12 +819,9 @@ int train(Config cfg) {
     const std::filesystem::path own =
         cfg.out.empty() ? std::filesystem::path() : std::filesystem::path(cfg.out) / "checkpoints";
     const auto resumed = find_resume(cfg, own);
-    if (!resumed && !own.empty() && mpiml::proc_id() == 0 && std::filesystem::exists(own)) {
-        // A fresh run: a restart must not resume an earlier run's checkpoints.
-        mpiml::Checkpointer::wait_for_removals();
-        std::filesystem::remove_all(own);
-    }
-    mpiml::barrier();
+    // A fresh run: a restart must not resume an earlier run's checkpoints (an
+    // error while another job saves there).
+    if (!resumed && !own.empty()) mpiml::Checkpointer(own).clear();
     std::optional<mpiml::Checkpointer> ck;
     if (!own.empty() && cfg.checkpoint_every > 0)
         ck.emplace(own, mpiml::CheckpointOptions{.keep = 3});

@@ -14,10 +14,14 @@
 //
 // On disk: DIR/step-00000012/ holds shared.bin (written once, by rank 0),
 // rank-00000.bin ... (one per rank) and MANIFEST (JSON: step, world size,
-// metadata, each file's size and XXH64 checksum). A save writes into a
-// temporary directory, fsyncs every file, agrees across ranks that every file
-// is durable, then rank 0 renames the directory into place and fsyncs DIR: a
-// crash at any moment leaves the previous checkpoints as they were.
+// metadata, each file's size and XXH64 checksum, its save number and its
+// own checksum). A save writes into a temporary directory, fsyncs every file,
+// agrees across ranks that every file is durable, then rank 0 renames the
+// directory into place (swaps it with a checkpoint of the same step) and
+// fsyncs DIR: a crash at any moment leaves the previous checkpoints as they
+// were. The newest checkpoint is the one saved last. A job's rank 0 holds
+// DIR/.lock from its first save until it exits: a second job saving into DIR
+// gets an error instead of clearing the first one's saves.
 // LibTorch modules, optimizers and tensors: see <mpiml/torch.hpp>.
 #pragma once
 
@@ -178,8 +182,8 @@ struct CheckpointState {
 };
 
 struct CheckpointOptions {
-    /// Checkpoints kept after a save: the one just saved and the newest others
-    /// by step (0: keep all). Older ones are renamed out of the way once the
+    /// Checkpoints kept after a save: the one just saved and the others saved
+    /// last (0: keep all). Older ones are renamed out of the way once the
     /// new one is in place, then deleted in the background (the next save, and
     /// the process at exit, wait for that).
     int keep = 3;
@@ -206,14 +210,16 @@ class Checkpointer {
 public:
     explicit Checkpointer(std::filesystem::path dir, CheckpointOptions options = {});
 
-    /// Writes state as checkpoint `step` (>= 0, the same on every rank),
+    /// Writes state as checkpoint `step` (0 to 10^18 - 1, the same on every rank),
     /// replacing a checkpoint of that step, then removes the old ones beyond
     /// options.keep. Returns when the checkpoint is durable. On failure (full
     /// disk, unwritable directory) throws CheckpointError on every rank and
-    /// leaves the previous checkpoints intact.
+    /// leaves the previous checkpoints intact; so it does when another job's
+    /// rank 0 holds DIR/.lock.
     void save(std::int64_t step, const CheckpointState& state);
 
-    /// Loads the newest checkpoint whose MANIFEST and every checksum verify
+    /// Loads the newest checkpoint (the one saved last: after a resume from an
+    /// older step, not the abandoned higher steps) whose MANIFEST and every checksum verify
     /// (rank 0 checks the MANIFEST and shared.bin, each rank its own file, and
     /// all ranks agree), passing over torn or corrupt ones with a warning.
     /// Fills state (replacing its contents) and returns what was loaded;
@@ -222,6 +228,11 @@ public:
     /// Loads checkpoint `step`; nullopt when there is no such checkpoint,
     /// CheckpointError when it does not verify.
     std::optional<CheckpointInfo> load(std::int64_t step, CheckpointState& state);
+
+    /// Removes every checkpoint of the directory, to start a run afresh
+    /// (collective). Rank 0 takes DIR/.lock first: while another job saves
+    /// into DIR it is a CheckpointError on every rank, and nothing is removed.
+    void clear();
 
     /// Steps of the checkpoint directories present, ascending (not verified;
     /// not collective).

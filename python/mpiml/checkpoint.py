@@ -136,10 +136,12 @@ def save_checkpoint(dir, step, shared=None, per_rank=None, keep=3, metadata=None
     dir/step-<step>/, collectively: rank 0 writes `shared` once (other ranks'
     is not read: they may pass None, e.g. for a ZeroRedundancyOptimizer state
     consolidated on rank 0), every rank its `per_rank`; returns when the
-    checkpoint is durable, after removing all but the newest `keep` (0: keep
-    all). metadata: str -> str, written to the MANIFEST (rank 0's). Raises
-    CheckpointError on every rank when any rank's write fails (full disk,
-    unwritable directory); the previous checkpoints stay."""
+    checkpoint is durable, after removing all but the `keep` saved last (0:
+    keep all). step is at most 10**18 - 1. metadata: str -> str, written to
+    the MANIFEST (rank 0's). Raises CheckpointError on every rank when any
+    rank's write fails (full disk, unwritable directory) or when another job
+    saves into dir (its rank 0 holds dir/.lock until it exits); the previous
+    checkpoints stay."""
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
         raise ArgumentError("save_checkpoint: step must be an int, got %s" % type(step).__name__)
     if isinstance(keep, bool) or not isinstance(keep, (int, np.integer)) or keep < 0:
@@ -157,8 +159,9 @@ def save_checkpoint(dir, step, shared=None, per_rank=None, keep=3, metadata=None
 
 
 def load_checkpoint(dir, step=None, comm=None):
-    """The newest checkpoint under dir whose MANIFEST and checksums verify on
-    every rank, as a Checkpoint (step, shared, per_rank); None when there is
+    """The newest checkpoint under dir (the one saved last: after a resume
+    from an older step, not the abandoned higher steps) whose MANIFEST and
+    checksums verify on every rank, as a Checkpoint (step, shared, per_rank); None when there is
     none. Torn or corrupt checkpoints are passed over with a warning (rank 0,
     on stderr). With step: that checkpoint (None when absent; CheckpointError
     when it does not verify). Collective: every rank gets the same step."""
@@ -215,7 +218,14 @@ def capture_rng(*generators):
 
 def restore_rng(state, *generators):
     """Restores what capture_rng captured: the next random numbers are those
-    the captured process would have drawn. Pass the same generators, in order."""
+    the captured process would have drawn. Pass the same generators, in order.
+    On an error nothing is restored."""
+    saved = state.get("generators", [])
+    if len(saved) != len(generators):
+        raise ArgumentError("restore_rng: %d generators captured, %d given" % (len(saved), len(generators)))
+    for g, (kind, s) in zip(generators, saved):
+        if _generator_state(g)[0] != kind:
+            raise ArgumentError("restore_rng: a %s generator's state given to %r" % (kind, g))
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     if "torch" in state:
@@ -223,12 +233,7 @@ def restore_rng(state, *generators):
         torch.set_rng_state(state["torch"])
         if "torch_cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["torch_cuda"])
-    saved = state.get("generators", [])
-    if len(saved) != len(generators):
-        raise ArgumentError("restore_rng: %d generators captured, %d given" % (len(saved), len(generators)))
     for g, (kind, s) in zip(generators, saved):
-        if _generator_state(g)[0] != kind:
-            raise ArgumentError("restore_rng: a %s generator's state given to %r" % (kind, g))
         if kind == "numpy":
             g.bit_generator.state = s
         elif kind == "numpy.RandomState":

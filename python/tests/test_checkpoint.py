@@ -139,10 +139,25 @@ def test_training_resumes_as_the_uninterrupted_run(ckdir):
 
 def test_restore_rng_checks_the_generators():
     state = capture_rng(np.random.default_rng(1))
+    np.random.rand(3)  # the global state moves on; a failed restore leaves it there
+    before = np.random.get_state()[1].copy()
     with pytest.raises(mpiml.ArgumentError, match="1 generators captured, 0 given"):
         restore_rng(state)
     with pytest.raises(mpiml.ArgumentError, match="a numpy generator's state given"):
         restore_rng(state, torch.Generator())
+    assert np.array_equal(np.random.get_state()[1], before)
+
+
+def test_resumed_from_an_older_step_the_last_saved_loads(ckdir):
+    for s in range(1, 5):
+        save_checkpoint(ckdir, s, shared={"run": "A%d" % s})
+    assert load_checkpoint(ckdir, step=2).shared == {"run": "A2"}
+    save_checkpoint(ckdir, 3, shared={"run": "B3"})  # the resumed run
+    ck = load_checkpoint(ckdir)
+    assert (ck.step, ck.shared) == (3, {"run": "B3"})
+    save_checkpoint(ckdir, 2, shared={"run": "C2"}, keep=2)
+    assert load_checkpoint(ckdir).shared == {"run": "C2"}
+    assert ckpt.checkpoint_steps(ckdir) == [2, 3]
 
 
 def test_keeps_the_last_k(ckdir):

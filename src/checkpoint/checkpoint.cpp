@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,11 +17,13 @@
 #include <cerrno>
 #include <condition_variable>
 #include <deque>
+#include <fstream>
 #include <mutex>
 #include <thread>
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <system_error>
 
 namespace fs = std::filesystem;
@@ -143,6 +147,7 @@ constexpr char kMagic[8] = {'M', 'P', 'I', 'M', 'L', 'C', 'K', '\n'};
 constexpr std::uint32_t kVersion = 1;
 constexpr const char* kManifest = "MANIFEST";
 constexpr const char* kShared = "shared.bin";
+constexpr std::int64_t kMaxStep = 999'999'999'999'999'999;  // step-N names hold 18 digits
 
 /// A failure of one rank, carried to the others.
 struct Failure {
@@ -398,6 +403,13 @@ void verify(const fs::path& path, std::string_view data, const nlohmann::json& f
     if (got != want) corrupt(path, "checksum mismatch (xxh64 " + got + ", the MANIFEST says " + want + ")");
 }
 
+/// XXH64 of a MANIFEST's content (all but its own checksum), compact JSON
+/// with sorted keys: the same text whenever the content is the same.
+std::string manifest_sum(const nlohmann::json& body) {
+    const std::string text = body.dump();
+    return hex64(detail::xxh64(text.data(), text.size()));
+}
+
 /// Parses and checks the MANIFEST of checkpoint step.
 nlohmann::json parse_manifest(const fs::path& path, const std::string& text, std::int64_t step) {
     nlohmann::json m;
@@ -418,6 +430,12 @@ nlohmann::json parse_manifest(const fs::path& path, const std::string& text, std
             files.at(n).at("xxh64").get<std::string>();
         }
         if (!m.at("metadata").is_object()) corrupt(path, "metadata is not an object");
+        if (m.contains("manifest_xxh64")) {  // absent from checkpoints of older versions
+            nlohmann::json body = m;
+            body.erase("manifest_xxh64");
+            if (m.at("manifest_xxh64").get<std::string>() != manifest_sum(body))
+                corrupt(path, "checksum mismatch (its metadata or file list was changed)");
+        }
     } catch (const nlohmann::json::exception& e) {
         corrupt(path, std::string("unreadable: ") + e.what());
     }
@@ -483,6 +501,83 @@ std::vector<std::int64_t> list_steps(const fs::path& dir) {
     if (ec) io_fail("cannot list", dir, ec.value());
     std::sort(out.begin(), out.end());
     return out;
+}
+
+/// The save number in the MANIFEST of checkpoint dir/step-N: saves count up
+/// in a directory, so the newest checkpoint is the one saved last, whatever
+/// its step (a run resumed from an older step saves lower steps than the
+/// abandoned ones). 0 for checkpoints of older versions, -1 when unreadable.
+std::int64_t save_number(const fs::path& step_dir) {
+    try {
+        std::ifstream in(step_dir / kManifest);
+        if (!in) return -1;
+        const auto m = nlohmann::json::parse(in, nullptr, false);
+        if (m.is_discarded() || !m.is_object()) return -1;
+        const auto it = m.find("saved");
+        return it == m.end() ? 0 : it->get<std::int64_t>();
+    } catch (const std::exception&) {
+        return -1;
+    }
+}
+
+/// Steps present in dir, oldest save first (then by step). Those with an
+/// unreadable MANIFEST come first, or with unreadable_newest last (a load
+/// tries them first and says why it passes over them).
+std::vector<std::int64_t> steps_by_save(const fs::path& dir, std::int64_t* last_save = nullptr,
+                                        bool unreadable_newest = false) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> order;
+    std::int64_t last = 0;
+    for (const std::int64_t s : list_steps(dir)) {
+        std::int64_t n = save_number(dir / step_name(s));
+        last = std::max(last, n);
+        if (n < 0 && unreadable_newest) n = INT64_MAX;
+        order.emplace_back(n, s);
+    }
+    std::sort(order.begin(), order.end());
+    if (last_save) *last_save = last;
+    std::vector<std::int64_t> out;
+    for (const auto& [n, s] : order) out.push_back(s);
+    return out;
+}
+
+/// The lock on dir/.lock, taken by a process's first save into dir and held
+/// until it exits: another job saving into dir would clear this one's
+/// temporary directories and prune its checkpoints.
+void hold_dir_lock(const fs::path& dir) {
+    static auto* m = new std::mutex;
+    static auto* held = new std::map<std::string, int>;  // device:inode -> open lock file
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) io_fail("cannot access", dir, errno);
+    const std::string key = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+    std::lock_guard lock(*m);
+    if (held->count(key)) return;
+    const fs::path p = dir / ".lock";
+    const int fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) io_fail("cannot open", p, errno);
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        if (err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS) {  // no locks here: go on
+            ::close(fd);
+            (*held)[key] = -1;
+            return;
+        }
+        char owner[256] = {};
+        const ssize_t n = ::pread(fd, owner, sizeof owner - 1, 0);
+        ::close(fd);
+        if (err != EWOULDBLOCK) io_fail("cannot lock", p, err);
+        std::string who(owner, n > 0 ? static_cast<std::size_t>(n) : 0);
+        while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+        throw FailureError{{0, p.string(), "another job saves checkpoints into " + dir.string() +
+                                               (who.empty() ? "" : " (" + who + ")") +
+                                               "; give each job a directory of its own"}};
+    }
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const std::string who = "process " + std::to_string(::getpid()) + " on host " + host + "\n";
+    if (::ftruncate(fd, 0) == 0) {
+        [[maybe_unused]] const ssize_t w = ::pwrite(fd, who.data(), who.size(), 0);
+    }
+    (*held)[key] = fd;  // kept open: the lock lasts until this process exits
 }
 
 void warn(const std::string& line) {
@@ -619,6 +714,9 @@ void Checkpointer::save(std::int64_t step, const CheckpointState& state) {
     const int size = num_procs(comm);
     agree_on_call(step, comm, call);
     if (step < 0) detail::fail(call, "step must be >= 0, got " + std::to_string(step));
+    if (step > kMaxStep)
+        detail::fail(call, "step must be at most " + std::to_string(kMaxStep) + " (18 digits), got " +
+                               std::to_string(step));
     const std::string where = "step " + std::to_string(step) + " not saved in " + dir_.string() + ": ";
     const fs::path final_dir = step_path(step);
 
@@ -631,6 +729,7 @@ void Checkpointer::save(std::int64_t step, const CheckpointState& state) {
             fs::create_directories(dir_, ec);
             if (ec) io_fail("cannot create directory", dir_, ec.value());
             if (!fs::is_directory(dir_, ec)) io_fail("cannot use directory", dir_, ENOTDIR);
+            hold_dir_lock(dir_);
             for (auto it = fs::directory_iterator(dir_, ec); !ec && it != fs::directory_iterator();
                  it.increment(ec)) {
                 const std::string n = it->path().filename().string();
@@ -698,12 +797,15 @@ void Checkpointer::save(std::int64_t step, const CheckpointState& state) {
                 files[rank_name(r)] = {{"size", all[3 * r + 1]}, {"xxh64", hex64(all[3 * r + 2])}};
             nlohmann::json meta = nlohmann::json::object();
             for (const auto& [k, v] : state.metadata) meta[k] = v;
-            const nlohmann::json m = {{"format", "mpiml-checkpoint"}, {"version", 1},
-                                      {"step", step},                 {"world_size", size},
-                                      {"checksum", "xxh64"},          {"files", files},
-                                      {"metadata", meta}};
+            std::int64_t last_save = 0;
+            steps_by_save(dir_, &last_save);
+            nlohmann::json m = {{"format", "mpiml-checkpoint"}, {"version", 1},
+                                {"step", step},                 {"world_size", size},
+                                {"checksum", "xxh64"},          {"files", files},
+                                {"metadata", meta},             {"saved", last_save + 1}};
             std::string text;
             try {
+                m["manifest_xxh64"] = manifest_sum(m);
                 text = m.dump(2) + "\n";
             } catch (const nlohmann::json::exception& e) {
                 throw FailureError{{0, (tmp / kManifest).string(),
@@ -715,15 +817,27 @@ void Checkpointer::save(std::int64_t step, const CheckpointState& state) {
             fsync_dir(tmp);
             std::error_code ec;
             const fs::path old = hidden(step, "old");
-            const bool replacing = fs::exists(final_dir, ec);
-            if (replacing && ::rename(final_dir.c_str(), old.c_str()) != 0)
-                io_fail("cannot move the previous checkpoint aside:", final_dir, errno);
-            if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
-                const int err = errno;
-                if (replacing) ::rename(old.c_str(), final_dir.c_str());  // put it back
-                io_fail("cannot rename " + tmp.string() + " to", final_dir, err);
+            bool replacing = fs::exists(final_dir, ec);
+            // A checkpoint of this step is replaced in one step: the two
+            // directories swap names (a crash leaves one or the other in place).
+            bool swapped = replacing && ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(),
+                                                    RENAME_EXCHANGE) == 0;
+            if (swapped) {
+                renamed = true;
+                janitor().remove_later(::rename(tmp.c_str(), old.c_str()) == 0 ? old : tmp);
+                replacing = false;
+            } else {
+                // No exchange on this file system: the previous one is moved
+                // aside first (loads fall back to an older step meanwhile).
+                if (replacing && ::rename(final_dir.c_str(), old.c_str()) != 0)
+                    io_fail("cannot move the previous checkpoint aside:", final_dir, errno);
+                if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+                    const int err = errno;
+                    if (replacing) ::rename(old.c_str(), final_dir.c_str());  // put it back
+                    io_fail("cannot rename " + tmp.string() + " to", final_dir, err);
+                }
+                renamed = true;
             }
-            renamed = true;
             fsync_dir(dir_);
             if (replacing) janitor().remove_later(old);
         } catch (const FailureError& e) {
@@ -737,7 +851,7 @@ void Checkpointer::save(std::int64_t step, const CheckpointState& state) {
         }
         if (result.empty() && options_.keep > 0) {
             try {
-                std::vector<std::int64_t> steps = list_steps(dir_);
+                std::vector<std::int64_t> steps = steps_by_save(dir_);
                 std::erase(steps, step);
                 const std::size_t others = static_cast<std::size_t>(options_.keep - 1);
                 if (steps.size() > others)
@@ -754,6 +868,36 @@ void Checkpointer::save(std::int64_t step, const CheckpointState& state) {
         const Failure f = decode(result);
         throw CheckpointError(call, where + "rank 0: " + f.what + "; the previous checkpoints are intact",
                               f.path, f.err);
+    }
+}
+
+void Checkpointer::clear() {
+    const char* call = "mpiml::Checkpointer::clear";
+    const MPI_Comm comm = options_.comm.get(call);
+    agree_on_call(-1, comm, call);
+    std::string msg;
+    if (proc_id(comm) == 0) {
+        try {
+            janitor().wait();
+            std::error_code ec;
+            if (fs::is_directory(dir_, ec)) {
+                hold_dir_lock(dir_);
+                for (auto it = fs::directory_iterator(dir_, ec); !ec && it != fs::directory_iterator();
+                     it.increment(ec)) {
+                    const std::string n = it->path().filename().string();
+                    if (parse_step(n) >= 0 || n.rfind(".step-", 0) == 0) remove_tree(it->path());
+                }
+                if (ec) io_fail("cannot list", dir_, ec.value());
+                fsync_dir(dir_);
+            }
+        } catch (const FailureError& e) {
+            msg = encode(e.f);
+        }
+    }
+    bcast_string(msg, 0, comm, call);
+    if (!msg.empty()) {
+        const Failure f = decode(msg);
+        throw CheckpointError(call, "rank 0: " + f.what, f.path, f.err);
     }
 }
 
@@ -781,7 +925,7 @@ std::optional<CheckpointInfo> Checkpointer::load_impl(std::optional<std::int64_t
             if (exists && !S_ISDIR(st.st_mode)) io_fail("cannot use directory", dir_, ENOTDIR);
             std::string list;
             if (exists)
-                for (std::int64_t s : list_steps(dir_)) list += std::to_string(s) + " ";
+                for (std::int64_t s : steps_by_save(dir_, nullptr, true)) list += std::to_string(s) + " ";
             msg = "+" + list;
         } catch (const FailureError& e) {
             msg = "-" + encode(e.f);
