@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -47,6 +48,29 @@ TEST(Stats, UnevenDoubleSamples) {
     EXPECT_NEAR(st.std, ref.std, 1e-14);
     EXPECT_EQ(st.min, ref.min);
     EXPECT_EQ(st.max, ref.max);
+}
+
+// As numpy's mean and std: an inf sample makes the mean inf (NaN with both
+// signs) and the std NaN; a NaN makes both NaN. Whichever rank holds it, at
+// any rank count; never a std of 0 that hides a diverged run.
+TEST(Stats, InfAndNanSamplesGiveNumpysAnswers) {
+    const double inf = std::numeric_limits<double>::infinity();
+    const auto check = [](const std::vector<double>& x, double mean, bool mean_nan) {
+        const auto st = mpiml::mpi_statistics_scalar(x);
+        if (mean_nan)
+            EXPECT_TRUE(std::isnan(st.mean)) << st.mean;
+        else
+            EXPECT_EQ(st.mean, mean);
+        EXPECT_TRUE(std::isnan(st.std)) << st.std;
+    };
+    check({inf, 1.0}, inf, false);
+    check({-inf, 1.0}, -inf, false);
+    check(rank() == 0 ? std::vector<double>{inf} : std::vector<double>{1.0}, inf, false);
+    check(rank() == size() - 1 ? std::vector<double>{inf} : std::vector<double>{2.0, 3.0}, inf, false);
+    check({std::nan(""), 1.0}, 0.0, true);
+    check(rank() == size() - 1 ? std::vector<double>{-inf} : std::vector<double>{inf}, -inf, size() > 1);
+    // finite samples still give a std of 0 where all are equal
+    EXPECT_EQ(mpiml::mpi_statistics_scalar(std::vector<double>{2.0, 2.0}).std, 0.0);
 }
 
 TEST(Stats, FloatAndIntInputsAccumulateInDouble) {

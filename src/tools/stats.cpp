@@ -100,7 +100,8 @@ Moments moments(const T* x, std::size_t n) {
         m2 += d * d;
         comp += d;
     }
-    m.m2 = std::max(0.0, m2 - comp * comp / static_cast<double>(n));
+    const double v = m2 - comp * comp / static_cast<double>(n);
+    m.m2 = v < 0.0 ? 0.0 : v;  // a NaN (from an inf or a NaN sample) stays NaN, as numpy's std
     return m;
 }
 
@@ -116,9 +117,16 @@ Moments combine(const Moments& a, const Moments& b) {
     r.count = a.count + b.count;
     const double na = static_cast<double>(a.count), nb = static_cast<double>(b.count);
     const double n = static_cast<double>(r.count);
-    const double delta = b.mean - a.mean;
-    r.mean = a.mean + delta * (nb / n);
-    r.m2 = a.m2 + b.m2 + delta * delta * (na * nb / n);
+    if (!std::isfinite(a.mean) || !std::isfinite(b.mean)) {
+        // inf - inf would make the mean NaN: weighted as numpy's mean is
+        // (inf with finite values is inf), and the spread is NaN.
+        r.mean = a.mean * (na / n) + b.mean * (nb / n);
+        r.m2 = std::numeric_limits<double>::quiet_NaN();
+    } else {
+        const double delta = b.mean - a.mean;
+        r.mean = a.mean + delta * (nb / n);
+        r.m2 = a.m2 + b.m2 + delta * delta * (na * nb / n);
+    }
     r.min = std::min(a.min, b.min);
     r.max = std::max(a.max, b.max);
     return r;
