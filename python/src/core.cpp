@@ -330,6 +330,10 @@ PyObject* fast_reduce(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObje
         }
         static py::object* sum = new py::object(py::str("sum"));  // never destroyed
         py::object r = py_reduce(slot[0], Avg ? py::none() : *sum, Avg, slot[1], call);
+        // As the seed's mpi_avg (mpi_sum(x) / num_procs()): a 0-d array in, a
+        // numpy scalar out (a float for json, hashing, isinstance).
+        if (Avg && PyArray_Check(r.ptr()) && PyArray_NDIM(reinterpret_cast<PyArrayObject*>(r.ptr())) == 0)
+            return PyArray_Return(reinterpret_cast<PyArrayObject*>(r.release().ptr()));
         return r.release().ptr();
     } catch (py::error_already_set& e) {
         e.restore();

@@ -44,6 +44,14 @@ def test_scalar_in_numpy_scalar_out():
     assert type(mt.mpi_sum(1.5)) is np.float64 and type(seed.mpi_sum(1.5)) is np.float32
     assert type(mt.mpi_sum(2)) is np.int64 and mt.mpi_sum(2) == 2 * SIZE
     assert type(mt.mpi_sum(np.float32(1))) is np.float32
+    # a 0-d array (np.array(x), loss.detach()) averages to a numpy scalar, as the seed's
+    import json
+    import torch
+    for v in (np.array(1.5 * RANK), torch.tensor(1.5 * RANK, dtype=torch.float64)):
+        ours, theirs = mt.mpi_avg(v), seed.mpi_avg(v)
+        assert isinstance(ours, np.generic) and isinstance(ours, float), type(ours)
+        assert ours == pytest.approx(theirs) and json.dumps(ours)
+    assert type(mt.mpi_avg(np.array(2))) is np.float64
 
 
 def test_lists_tuples_tensors():
