@@ -167,9 +167,16 @@ def allreduce(sendbuf, recvbuf, op="sum", comm=None):
 
 
 def broadcast(x, root=0, comm=None):
-    """Broadcasts x from root, in place (numpy array or CPU tensor)."""
+    """Broadcasts x from root, in place (numpy array or CPU tensor, of any
+    dtype: bfloat16 too)."""
     if type(x) is not np.ndarray and type(x).__module__ == "torch" and hasattr(x, "detach"):
-        x = _torch_array(x, "broadcast")
+        try:
+            x = _torch_array(x, "broadcast")
+        except DtypeError:
+            if not x.is_contiguous():
+                raise
+            import torch  # a dtype numpy lacks: its bytes, in place
+            x = _torch_array(x.detach().reshape(-1).view(torch.uint8), "broadcast")
     _core.broadcast(x, int(root), comm)
 
 

@@ -192,6 +192,12 @@ def test_broadcast_in_place(root):
     t = torch.arange(3, dtype=torch.float64) + RANK
     mt.broadcast(t, root=root)
     assert t.tolist() == [root, root + 1.0, root + 2.0]
+    for dt in (torch.bfloat16, torch.complex32):  # no numpy equivalent: bytes
+        t = (torch.arange(6, dtype=torch.float32).reshape(2, 3) + RANK).to(dt)
+        mt.broadcast(t, root=root)
+        assert t.dtype == dt and t.shape == (2, 3)
+        want = (torch.arange(6, dtype=torch.float32).reshape(2, 3) + root).to(dt)
+        assert torch.equal(t.view(torch.uint8), want.view(torch.uint8))
 
 
 def test_broadcast_errors():
