@@ -79,6 +79,23 @@ def test_missing_grads_count_as_zeros():
         torch.testing.assert_close(a.log_std.grad, torch.as_tensor(expect))
 
 
+@pytest.mark.skipif(SIZE < 2, reason="needs 2 ranks")
+def test_avg_grads_of_models_that_differ_across_ranks_raises_everywhere():
+    # Without MPIML_CHECK: sizes that differ are still an error on every rank,
+    # naming the call, not a hang or an internal object.
+    m = nn.Linear(3, 4 + RANK)
+    m(torch.ones(2, 3)).sum().backward()
+    with pytest.raises(mpiml.ArgumentError, match=r"mpiml::mpi_avg_grads on rank %d/%d: ranks have "
+                       r"different amounts of gradient data to average \(\d+ to \d+ bytes\): the "
+                       r"models differ across ranks" % (RANK, SIZE)):
+        mp.mpi_avg_grads(m)
+    same = nn.Linear(3, 4)  # the next call goes on
+    same.weight.grad = torch.full_like(same.weight, float(RANK))
+    same.bias.grad = torch.zeros_like(same.bias)
+    mp.mpi_avg_grads(same)
+    assert torch.equal(same.weight.grad, torch.full_like(same.weight, (SIZE - 1) / 2))
+
+
 def test_avg_grads_of_parameter_list_and_options():
     a = actor_critic((8,))
     fill_grads(a)
