@@ -96,6 +96,29 @@ def test_avg_grads_of_models_that_differ_across_ranks_raises_everywhere():
     assert torch.equal(same.weight.grad, torch.full_like(same.weight, (SIZE - 1) / 2))
 
 
+def test_avg_grads_of_expanded_and_sparse_gradients():
+    # An expanded gradient (elements sharing memory) gets a tensor of its own;
+    # a sparse one stays sparse, over the rows any rank had (SparseAdam steps).
+    p = nn.Parameter(torch.zeros(4, 3))
+    p.grad = torch.tensor([1.0 + RANK, 2.0, 3.0]).expand(4, 3)
+    mp.mpi_avg_grads([p])
+    want = torch.tensor([1.0 + (SIZE - 1) / 2, 2.0, 3.0]).expand(4, 3)
+    assert torch.equal(p.grad, want) and (SIZE == 1 or p.grad.is_contiguous())
+    emb = nn.Embedding(5, 2, sparse=True)
+    mp.sync_params(emb)
+    emb(torch.tensor([RANK % 5, 4])).sum().backward()
+    dense = emb.weight.grad.to_dense()
+    mp.mpi_avg_grads(emb)
+    g = emb.weight.grad
+    assert g.is_sparse
+    total = torch.zeros(5, 2)
+    for r in range(SIZE):
+        total[r % 5] += 1.0
+        total[4] += 1.0
+    assert torch.equal(g.to_dense(), total / SIZE), (g.to_dense(), dense)
+    torch.optim.SparseAdam(emb.parameters()).step()
+
+
 def test_avg_grads_of_parameter_list_and_options():
     a = actor_critic((8,))
     fill_grads(a)

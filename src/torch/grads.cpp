@@ -15,6 +15,7 @@
 #include <mpiml/error.hpp>
 #include <mpiml/shm.hpp>
 
+#include <ATen/MemoryOverlap.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -213,8 +214,12 @@ void unpack_grad(const GradEntry& e, void* src, int ranks) {
     }
     at::Tensor v = wire_view(src, e.param.sizes(), e.wire.scalar);
     v.div_(ranks);
-    if (g.layout() == at::kStrided)
+    if (g.layout() == at::kStrided && at::has_internal_overlap(g) != at::MemOverlap::Yes)
         g.copy_(v.view(g.sizes()));
+    else if (g.layout() == at::kStrided)  // expanded (elements share memory): a new tensor
+        g = v.view(g.sizes()).to(g.options(), /*non_blocking=*/false, /*copy=*/true);
+    else if (g.layout() == at::kSparse)  // stays sparse (SparseAdam), over the rows any rank had
+        g = v.view(e.param.sizes()).to(g.scalar_type(), false, true).to_sparse(g.sparse_dim());
     else
         g = v.to(g.options().layout(at::kStrided), /*non_blocking=*/false, /*copy=*/true);
 }
