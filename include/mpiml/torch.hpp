@@ -120,7 +120,8 @@ struct AvgGradsOptions {
 ///   parameters, are skipped (as DDP does).
 /// - An undefined gradient counts as zeros on that rank and becomes defined;
 ///   a gradient undefined on every rank stays undefined (as in one process).
-/// - Non-contiguous, sparse (becomes dense) and non-CPU gradients work.
+/// - Non-contiguous, expanded (replaced by a tensor of their own), sparse
+///   (stay sparse, over the rows any rank had) and non-CPU gradients work.
 /// - One rank: no-op. Tied parameters are averaged once.
 /// - A bad gradient on one rank (wrong element count) throws there after the
 ///   collectives, so the other ranks do not hang.

@@ -100,16 +100,16 @@ bool bucket_reduce(void* data, std::size_t count, MPI_Datatype type, const Reduc
 std::unique_ptr<SharedBucket> collective_memory(std::size_t bytes, MPI_Comm comm,
                                                 const char* call) {
     ensure_initialized(call);
-    // Every rank asks alike, or the path decision below could differ.
-    const auto want = static_cast<std::int64_t>(bytes);
-    std::int64_t lo = 0, hi = 0;
-    if (!agree(&want, 1, comm, call, &lo, &hi))
-        fail(call, "ranks have different amounts of gradient data to average (" + std::to_string(lo) +
-                       " to " + std::to_string(hi) +
-                       " bytes): the models differ across ranks (their parameters, dtypes or which "
-                       "have gradients); MPIML_CHECK=1 names the first that differs");
     if (!shm_takes(bytes, comm, call)) return nullptr;
-    return std::make_unique<SharedBucket>(bytes, Comm(comm));
+    try {
+        return std::make_unique<SharedBucket>(bytes, Comm(comm));
+    } catch (const Error& e) {
+        if (e.mpi_code() != 0) throw;
+        // the bucket's size agreement, thrown on every rank alike
+        fail(call, std::string("the models differ across ranks (their parameters, dtypes or which "
+                               "have gradients; MPIML_CHECK=1 names the first that differs): ") +
+                       e.what());
+    }
 }
 
 bool shm_average(void* buf, std::size_t count, MPI_Datatype type, MPI_Comm comm,
