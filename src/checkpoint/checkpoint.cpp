@@ -790,6 +790,7 @@ void Checkpointer::save(std::int64_t step, const CheckpointState& state) {
     std::vector<std::string> warnings;
     if (rank == 0) {
         bool renamed = false;
+        std::vector<std::int64_t> by_save;  // the steps before this save, oldest save first
         try {
             nlohmann::json files = nlohmann::json::object();
             files[kShared] = {{"size", shared_sum.size}, {"xxh64", hex64(shared_sum.hash)}};
@@ -798,7 +799,7 @@ void Checkpointer::save(std::int64_t step, const CheckpointState& state) {
             nlohmann::json meta = nlohmann::json::object();
             for (const auto& [k, v] : state.metadata) meta[k] = v;
             std::int64_t last_save = 0;
-            steps_by_save(dir_, &last_save);
+            by_save = steps_by_save(dir_, &last_save);  // read once: pruning uses it too
             nlohmann::json m = {{"format", "mpiml-checkpoint"}, {"version", 1},
                                 {"step", step},                 {"world_size", size},
                                 {"checksum", "xxh64"},          {"files", files},
@@ -851,7 +852,7 @@ void Checkpointer::save(std::int64_t step, const CheckpointState& state) {
         }
         if (result.empty() && options_.keep > 0) {
             try {
-                std::vector<std::int64_t> steps = steps_by_save(dir_);
+                std::vector<std::int64_t> steps = std::move(by_save);  // the new one is not in it
                 std::erase(steps, step);
                 const std::size_t others = static_cast<std::size_t>(options_.keep - 1);
                 if (steps.size() > others)
