@@ -13,7 +13,7 @@ src = root / "src"
 # Public headers and the part that implements them.
 public = {
     "collectives": "core/collectives", "datatype": "core/types", "op": "core/op", "ops.def": "core/op",
-    "report": "core/report", "types.def": "core/types",
+    "report": "core/report", "types.def": "core/types", "stop": "core/stop",
     "error": "core/error", "failure": "core/failure", "session": "core/session",
     "profile": "profile/profile", "shm": "backends/shm/bucket", "shm_config": "core/config", "launch": "launch/launch",
     "print": "tools/print", "stats": "tools/stats", "checkpoint": "checkpoint/checkpoint",

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <string>
 #include <vector>
 
@@ -42,7 +43,7 @@ TEST(Errors, UnsupportedOpForType) {
     expect_error([&] { mpiml::mpi_op(1.5, mpiml::Op::bxor); },
                  {"mpiml::mpi_op", tag(), "'bxor' is not defined for element type double"});
     expect_error([&] { mpiml::mpi_op(1.5f, mpiml::Op::land); }, {"'land'", "float"});
-    expect_error([&] { mpiml::mpi_sum(true); }, {"'sum'", "bool"});
+    expect_error([&] { mpiml::mpi_sum(true); }, {"mpiml::mpi_sum", "'sum'", "bool"});
     expect_error([&] { mpiml::mpi_op(1, MPI_OP_NULL); }, {"MPI_OP_NULL"});
 }
 
@@ -54,6 +55,60 @@ TEST(Errors, OverlappingBuffers) {
 
 TEST(Errors, NullCommunicator) {
     expect_error([&] { mpiml::mpi_sum(1, MPI_COMM_NULL); }, {"MPI_COMM_NULL"});
+}
+
+// Inter-communicators: a clear error on every rank (not the other group's sum,
+// nor an allgather writing past its buffer).
+TEST(Errors, InterCommunicatorsAreRefused) {
+    if (size() < 2) GTEST_SKIP() << "needs 2 ranks";
+    MPI_Comm half = MPI_COMM_NULL, inter = MPI_COMM_NULL;
+    const int color = rank() == 0 ? 0 : 1;
+    ASSERT_EQ(MPI_Comm_split(MPI_COMM_WORLD, color, rank(), &half), MPI_SUCCESS);
+    ASSERT_EQ(MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, color == 0 ? 1 : 0, 7, &inter),
+              MPI_SUCCESS);
+    expect_error([&] { mpiml::mpi_sum(1.0, inter); },
+                 {"mpiml::mpi_sum", tag(), "inter-communicators are not supported"});
+    expect_error([&] { mpiml::mpi_statistics_scalar(std::vector<double>{1.0}, inter); },
+                 {"mpiml::mpi_statistics_scalar", "inter-communicators"});
+    MPI_Comm_free(&inter);
+    MPI_Comm_free(&half);
+}
+
+// Options only start-up sets, asked for after mpiml started MPI: an error, not
+// a Session silently running without them.
+TEST(Errors, SessionOptionsAfterStartUpAreAnError) {
+    mpiml::SessionOptions no_handlers;
+    no_handlers.abort_on_failure = false;
+    expect_error([&] { mpiml::Session s(no_handlers); },
+                 {"mpiml::Session", "abort_on_failure", "make the Session before any other mpiml call"});
+    int provided = 0;
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_MULTIPLE) {
+        mpiml::SessionOptions more;
+        more.thread_level = provided + 1;
+        expect_error([&] { mpiml::Session s(more); }, {"mpiml::Session", "thread level"});
+    }
+    mpiml::SessionOptions same;
+    same.thread_level = provided;
+    mpiml::Session fine(same);  // asks for nothing new
+    EXPECT_EQ(fine.thread_level(), provided);
+}
+
+// A small broadcast of different lengths without the check is left to MPI:
+// the rank that gets a truncated message is told what it means.
+TEST(Errors, TruncatedMessageNamesTheLikelyCause) {
+    if (size() != 2) GTEST_SKIP() << "2 ranks (a tree would leave a third rank waiting)";
+    const bool was = mpiml::check_enabled();
+    mpiml::set_check(false);
+    std::vector<int> v(rank() == 0 ? 4 : 2, 5);
+    if (rank() == 0) {
+        mpiml::broadcast(v, 0);
+    } else {
+        expect_error([&] { mpiml::broadcast(v, 0); },
+                     {"mpiml::broadcast", tag(), "different counts", "MPIML_CHECK=1"});
+    }
+    mpiml::set_check(was);
+    mpiml::barrier();
 }
 
 TEST(Errors, MpiErrorsBecomeExceptions) {
@@ -115,6 +170,20 @@ TEST_F(Mismatch, MatchingCallsPass) {
 TEST(Errors, BadEnvironmentValuesAreNamed) {
     // read_environment is applied at init; check the parser through set_timeout.
     expect_error([] { mpiml::set_timeout(-1); }, {"mpiml::set_timeout", ">= 0"});
+}
+
+// Stopping on a signal: refused signals name why; a signal on one rank makes
+// should_stop() true on every rank.
+TEST(Stop, SignalOnOneRankStopsEveryRank) {
+    expect_error([] { mpiml::stop_on_signals({SIGUSR1}); }, {"mpiml::stop_on_signals", "report"});
+    expect_error([] { mpiml::stop_on_signals({SIGKILL}); }, {"cannot be caught"});
+    expect_error([] { mpiml::stop_on_signals({SIGSEGV}); }, {"fatal signal"});
+    mpiml::stop_on_signals({SIGUSR2});
+    EXPECT_FALSE(mpiml::should_stop());
+    if (rank() == size() - 1) std::raise(SIGUSR2);  // the rank goes on
+    EXPECT_EQ(mpiml::stop_requested(), rank() == size() - 1);
+    EXPECT_EQ(mpiml::stop_signal(), rank() == size() - 1 ? SIGUSR2 : 0);
+    EXPECT_TRUE(mpiml::should_stop());
 }
 
 }  // namespace

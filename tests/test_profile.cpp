@@ -364,7 +364,7 @@ TEST(Profile, CheckTimeAndSubCommunicator) {
     const auto ar = slices(read_json(own_file(d)), "allreduce");
     ASSERT_EQ(ar.size(), 2u);
     for (const auto& e : ar) {
-        EXPECT_EQ(e.at("args").at("call"), "mpiml::mpi_op");
+        EXPECT_EQ(e.at("args").at("call"), "mpiml::mpi_sum");
         EXPECT_GE(e.at("args").at("check_us").get<double>(), 0.0);
         EXPECT_EQ(e.at("args").at("bytes"), 8);
     }

@@ -156,4 +156,51 @@ TEST(Stats, ExactCountBeyondFloat32) {
     EXPECT_EQ(st.std, 0.0);
 }
 
+// numpy's min and max propagate NaN: a NaN sample on any rank makes them NaN
+// on every rank (a NaN never hides behind the others' values).
+TEST(Stats, NanSampleMakesMinAndMaxNan) {
+    for (int holder = 0; holder < size(); ++holder) {
+        std::vector<double> x = samples_of(rank());
+        if (rank() == holder) x[1] = std::numeric_limits<double>::quiet_NaN();
+        const auto st = mpiml::mpi_statistics_scalar(x, true);
+        EXPECT_TRUE(std::isnan(st.min)) << "NaN on rank " << holder << ": min " << st.min;
+        EXPECT_TRUE(std::isnan(st.max)) << "NaN on rank " << holder << ": max " << st.max;
+        EXPECT_TRUE(std::isnan(st.mean));
+    }
+    // Every sample NaN: not min = inf > max = -inf.
+    const auto st = mpiml::mpi_statistics_scalar(
+        std::vector<double>(2, std::numeric_limits<double>::quiet_NaN()));
+    EXPECT_TRUE(std::isnan(st.min) && std::isnan(st.max)) << st.min << " " << st.max;
+    // inf and -inf without a NaN: numpy's min and max are -inf and inf.
+    const double inf = std::numeric_limits<double>::infinity();
+    const auto si = mpiml::mpi_statistics_scalar(std::vector<double>{rank() == 0 ? inf : -inf, 1.0});
+    EXPECT_EQ(si.max, inf);
+    EXPECT_EQ(si.min, size() > 1 ? -inf : 1.0);
+}
+
+// The communicator may come second, as in mpi_sum(x, comm): statistics over
+// its ranks only, not over the world.
+TEST(Stats, CommunicatorAsSecondArgument) {
+    MPI_Comm half = MPI_COMM_NULL;
+    ASSERT_EQ(MPI_Comm_split(MPI_COMM_WORLD, rank() % 2, rank(), &half), MPI_SUCCESS);
+    const std::vector<double> x{static_cast<double>(rank() * rank())};
+    const auto st = mpiml::mpi_statistics_scalar(x, half);
+    double sum = 0;
+    std::uint64_t n = 0;
+    for (int r = rank() % 2; r < size(); r += 2) sum += r * r, ++n;
+    EXPECT_EQ(st.count, n);
+    EXPECT_DOUBLE_EQ(st.mean, sum / static_cast<double>(n));
+    const auto seed_form = mpiml::mpi_statistics_scalar(x, true, half);
+    EXPECT_EQ(seed_form.count, n);
+    MPI_Comm_free(&half);
+}
+
+template <class A>
+concept StatsTakes = requires(const std::vector<double>& v, A a) { mpiml::mpi_statistics_scalar(v, a); };
+static_assert(StatsTakes<bool>);
+static_assert(StatsTakes<MPI_Comm>);
+static_assert(StatsTakes<mpiml::Comm>);
+static_assert(!StatsTakes<double>, "a number is neither with_min_and_max nor a communicator");
+static_assert(!StatsTakes<long>);
+
 }  // namespace

@@ -38,7 +38,13 @@ public:
     virtual std::vector<float> reset() = 0;
     /// Discrete envs read action[0] as the action index.
     virtual StepResult step(const std::vector<float>& action) = 0;
-    void seed(std::uint64_t s) { rng_.seed(s); }
+    /// The environment's own random stream: a seed sequence of s and a tag,
+    /// never the stream of an engine seeded with s itself (the action
+    /// sampler's), whose draws would tie the start states to the actions.
+    void seed(std::uint64_t s) {
+        std::seed_seq seq{static_cast<std::uint32_t>(s), static_cast<std::uint32_t>(s >> 32), 0x656e76u};
+        rng_.seed(seq);
+    }
 
     /// Everything that carries over between steps (for checkpoints): the
     /// random engine, the step count of the episode in progress and the

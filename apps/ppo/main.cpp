@@ -11,11 +11,13 @@
 
 #include <mpiml/failure.hpp>
 #include <mpiml/launch.hpp>
+#include <mpiml/stop.hpp>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -50,7 +52,7 @@ int main(int argc, char** argv) {
     app.add_option("--env", cfg.env, "Environment")
         ->check(cli::one_of(ppo::env_names()))
         ->capture_default_str();
-    app.add_option("--seed", cfg.seed, "Random seed (rank r uses seed + 10000 r)")
+    app.add_option("-s,--seed", cfg.seed, "Random seed (rank r uses seed + 10000 r)")
         ->check(cli::whole_at_least(0))
         ->capture_default_str();
     app.add_option("--cpu", cpu_arg,
@@ -98,17 +100,33 @@ int main(int argc, char** argv) {
                    "MountainCarContinuous-v0)")
         ->check(cli::whole_at_least(1))
         ->capture_default_str();
-    app.add_option("--hidden", cfg.hidden, "Hidden layer sizes of the policy and value MLPs")
-        ->delimiter(',')
-        ->expected(1, 16)
-        ->check(cli::whole_at_least(1))
-        ->default_str("64,64");
+    auto* hidden_opt =
+        app.add_option("--hidden", cfg.hidden, "Hidden layer sizes of the policy and value MLPs")
+            ->delimiter(',')
+            ->expected(1, 16)
+            ->check(cli::whole_at_least(1))
+            ->default_str("64,64");
+    // Spinning Up's ppo.py: --hid H --l L is --hidden H,...,H (L times).
+    int hid = 0, layers = 0;
+    auto* hid_opt = app.add_option("--hid", hid, "Spinning Up's form: the size of each hidden layer "
+                                                 "(with --l; default 64)")
+                        ->check(cli::whole_at_least(1))
+                        ->excludes(hidden_opt);
+    auto* l_opt = app.add_option("--l", layers, "Spinning Up's form: the number of hidden layers "
+                                                "(with --hid; default 2)")
+                      ->check(cli::whole_at_least(1))
+                      ->excludes(hidden_opt);
+    hidden_opt->excludes(hid_opt)->excludes(l_opt);
+    std::string exp_name;
+    auto* exp_opt = app.add_option("--exp_name,--exp-name", exp_name,
+                                   "Spinning Up's form: output into out/<name>/<name>_s<seed>");
     app.add_option("--activation", cfg.activation, "Hidden-layer activation")
         ->check(cli::one_of({"tanh", "relu"}))
         ->capture_default_str();
     app.add_option("--out", cfg.out,
                    "Output folder (default: out/<algo>-<env>-s<seed>, relative to the "
-                   "working directory)");
+                   "working directory)")
+        ->excludes(exp_opt);
     app.add_option("--profile", cfg.profile,
                    "Profile every rank into this folder: profile_<rank>.json and timeline.json "
                    "(open in ui.perfetto.dev or chrome://tracing), summary.csv; see "
@@ -128,13 +146,22 @@ int main(int argc, char** argv) {
                    "auto: continue from the newest good checkpoint in <out>/checkpoints "
                    "(start fresh if there is none); or a checkpoints folder or one of its "
                    "step-* folders. Without it a run starts fresh and deletes "
-                   "<out>/checkpoints, except on a restart (--restarts), which always resumes")
+                   "<out>/checkpoints, except on a restart (--restarts, mpiml-run, or a Slurm "
+                   "requeue), which always resumes")
         ->check(cli::auto_or_folder());
     app.add_option("--restarts", restarts,
                    "With --cpu N > 1: start the job again, up to this many times, when a rank "
                    "fails; it resumes from its last checkpoint")
         ->check(cli::whole_at_least(0))
         ->capture_default_str();
+    std::vector<std::string> stop_on{"TERM", "USR2"};
+    app.add_option("--stop-on", stop_on,
+                   "Signals that stop the run after the current epoch with a checkpoint and "
+                   "exit status 75 (a batch system's warning before a time limit or a "
+                   "preemption; --resume auto continues); none: they end it at once")
+        ->delimiter(',')
+        ->check(cli::one_of({"TERM", "USR2", "HUP", "INT", "none"}))
+        ->default_str("TERM,USR2");
     app.add_option("--stop-at-return", cfg.stop_at_return,
                    "Stop after the first epoch whose AverageEpRet reaches this value")
         ->check(cli::number_in(-HUGE_VAL, HUGE_VAL));
@@ -183,6 +210,8 @@ int main(int argc, char** argv) {
     }
 
     cfg.cpu = cpu_arg == "auto" ? cli::node_cores() : std::stoi(cpu_arg);
+    if (hid > 0 || layers > 0) cfg.hidden.assign(layers > 0 ? layers : 2, hid > 0 ? hid : 64);
+    if (!exp_name.empty()) cfg.out = fmt::format("out/{0}/{0}_s{1}", exp_name, cfg.seed);
     if (cfg.out.empty()) cfg.out = fmt::format("out/{}-{}-s{}", cfg.algo, cfg.env, cfg.seed);
     if (restarts > 0 && cfg.cpu <= 1) {
         std::cerr << "mpiml-ppo: --restarts needs --cpu 2 or more (for one rank, run it under "
@@ -191,5 +220,16 @@ int main(int argc, char** argv) {
     }
     // Re-launch under mpirun with cfg.cpu ranks; in the children this returns.
     mpiml::mpi_fork(cfg.cpu, mpiml::ForkOptions{.bind_to_core = bind_to_core, .restarts = restarts});
-    return mpiml::run(argc, argv, [&](int, char**) { return ppo::train(cfg); });
+    std::vector<int> stop_signals;
+    for (const auto& name : stop_on) {
+        if (name == "none") continue;
+        stop_signals.push_back(name == "TERM"  ? SIGTERM
+                               : name == "USR2" ? SIGUSR2
+                               : name == "HUP"  ? SIGHUP
+                                                : SIGINT);
+    }
+    return mpiml::run(argc, argv, [&](int, char**) {
+        mpiml::stop_on_signals(stop_signals);
+        return ppo::train(cfg);
+    });
 }

@@ -15,6 +15,7 @@
 #include <mpiml/profile.hpp>
 #include <mpiml/session.hpp>
 #include <mpiml/stats.hpp>
+#include <mpiml/stop.hpp>
 #include <mpiml/torch.hpp>
 
 #include <fmt/format.h>
@@ -23,6 +24,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>  // sigabbrev_np
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -379,6 +381,7 @@ private:
     mpiml::CheckpointState ck_state_;  ///< kept from save to save (its buffers are reused)
     int start_epoch_ = 0;
     double time_offset_ = 0;  ///< seconds of training before the checkpoint resumed from
+    int64_t env_interacts_ = 0;  ///< steps of every rank so far (TotalEnvInteracts), across resumes
     std::unique_ptr<Env> env_;
     EpochLogger logger_;
     ActorCritic ac_{nullptr};
@@ -537,6 +540,12 @@ bool PPO::restore(const Resumed& r) {
     get_adam(sh, "vf_opt", *vf_opt_);
     start_epoch_ = sh.get<bool>("stopped") ? cfg_.epochs
                                            : static_cast<int>(sh.get<std::int64_t>("epoch")) + 1;
+    // Counted (the rank count and --steps may change on resume); checkpoints
+    // without the count: every epoch at the saving run's steps.
+    env_interacts_ = sh.contains("env_interacts")
+                         ? sh.get<std::int64_t>("env_interacts")
+                         : static_cast<int64_t>(saved.steps_per_epoch / std::max(1, saved.num_procs)) *
+                               saved.num_procs * (sh.get<std::int64_t>("epoch") + 1);
     time_offset_ = sh.get<double>("time");
 
     const auto& pr = r.state.per_rank;
@@ -562,6 +571,7 @@ void PPO::save_checkpoint(int epoch, bool stopped) {
     sh.put("epoch", static_cast<std::int64_t>(epoch));
     sh.put("stopped", stopped);
     sh.put("time", time_offset_ + seconds_since(start_));
+    sh.put("env_interacts", env_interacts_);
     sh.put("config", to_json(cfg_));
     sh.put("progress", logger_.text());
     for (const auto& p : ac_->named_parameters()) sh.put("param/" + p.key(), values_of(p.value()));
@@ -682,8 +692,8 @@ bool PPO::log_rollout(int epoch) {
     logger_.log_tabular_stats("EpRet", true);
     logger_.log_tabular_stats("EpLen", false, true);
     logger_.log_tabular_stats("VVals", true);
-    const int64_t steps_done = static_cast<int64_t>(local_steps_) * cfg_.num_procs;
-    logger_.log_tabular("TotalEnvInteracts", steps_done * (epoch + 1));
+    env_interacts_ += static_cast<int64_t>(local_steps_) * cfg_.num_procs;
+    logger_.log_tabular("TotalEnvInteracts", env_interacts_);
 
     // The same decision on every rank: rank 0's.
     int stop = cfg_.stop_at_return && logger_.get("AverageEpRet") >= *cfg_.stop_at_return;
@@ -714,6 +724,7 @@ int PPO::run() {
     start_ = clock::now();
     mpiml::pprint(table_header(vpg_));
     int64_t total_steps = 0;
+    int exit_code = 0;
     const int64_t steps_done = static_cast<int64_t>(local_steps_) * cfg_.num_procs;
     for (int epoch = start_epoch_; epoch < cfg_.epochs; ++epoch) {
         mpiml::Region epoch_region("epoch");
@@ -725,8 +736,21 @@ int PPO::run() {
         total_steps += steps_done;
         log_update(epoch_start, steps_done);
         times_.epoch.push_back(seconds_since(epoch_start));
-        if (ck_ && ((epoch + 1) % cfg_.checkpoint_every == 0 || stop || epoch == cfg_.epochs - 1))
+        // A stop signal on any rank (mpiml::stop_on_signals): every rank stops here.
+        const bool stop_now = !stop && epoch < cfg_.epochs - 1 && mpiml::should_stop();
+        if (ck_ && ((epoch + 1) % cfg_.checkpoint_every == 0 || stop || stop_now ||
+                    epoch == cfg_.epochs - 1))
             save_checkpoint(epoch, stop);
+        if (stop_now) {
+            const int sig = mpiml::stop_signal();
+            mpiml::pprint(fmt::format(
+                "mpiml-ppo: stopping after epoch {} on request ({}){}", epoch,
+                sig ? fmt::format("SIG{} on rank 0", ::sigabbrev_np(sig)) : std::string("a signal on another rank"),
+                ck_ ? fmt::format("; checkpoint saved in {}: continue with --resume auto", ck_->dir().string())
+                    : std::string("; no checkpoint (--checkpoint-every 0)")));
+            exit_code = mpiml::exit_stopped;
+            break;
+        }
         if (stop) {
             mpiml::pprint(fmt::format("Reached AverageEpRet >= {} in epoch {}; stopping.",
                                       *cfg_.stop_at_return, epoch));
@@ -767,7 +791,7 @@ int PPO::run() {
                                   "learning_curve.svg}}",
                                   cfg_.out));
     }
-    return 0;
+    return exit_code;
 }
 
 }  // namespace

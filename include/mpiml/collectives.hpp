@@ -226,7 +226,19 @@ template <class X>
 auto mpi_sum(const X& x, Comm comm = {},
                std::source_location loc = std::source_location::current()) {
     detail::SiteMark site(loc);
-    return mpi_op(x, Op::sum, comm);
+    const MPI_Comm c = comm.get("mpiml::mpi_sum");
+    if constexpr (MpiType<X>) {
+        X out{};
+        detail::allreduce(&x, &out, 1, mpi_datatype<X>(), detail::type_class_of<X>(), Op::sum, c,
+                          "mpiml::mpi_sum");
+        return out;
+    } else {
+        using T = range_elem_t<X>;
+        std::vector<T> out(std::ranges::size(x));
+        detail::allreduce(std::ranges::data(x), out.data(), out.size(), mpi_datatype<T>(),
+                          detail::type_class_of<T>(), Op::sum, c, "mpiml::mpi_sum");
+        return out;
+    }
 }
 
 /// Result type of mpi_avg: double for integers and bool, else the type itself.

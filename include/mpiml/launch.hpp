@@ -35,7 +35,8 @@ struct ForkOptions {
 };
 void mpi_fork(int n, const ForkOptions& options);
 
-/// 0 on a job's first run, k on its k-th restart (MPIML_ATTEMPT).
+/// 0 on a job's first run, k on its k-th restart: by a restarting launcher
+/// (MPIML_ATTEMPT) plus Slurm's requeues of the batch job (SLURM_RESTART_COUNT).
 int restart_attempt();
 
 namespace detail {

@@ -13,3 +13,4 @@
 #include <mpiml/session.hpp>
 #include <mpiml/shm.hpp>
 #include <mpiml/stats.hpp>
+#include <mpiml/stop.hpp>

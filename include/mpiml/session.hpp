@@ -76,7 +76,7 @@ int num_procs(Comm comm = {});
 /// Per-call options, changeable at run time.
 void set_timeout(double seconds);  ///< collective deadline; 0 turns it off
 double timeout();
-void set_check(bool on);           ///< cross-rank mismatch checks
+void set_check(bool on);           ///< cross-rank mismatch checks (alike on every rank)
 bool check_enabled();
 
 namespace detail {

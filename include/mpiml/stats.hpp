@@ -4,7 +4,9 @@
 #include <mpiml/collectives.hpp>
 #include <mpiml/report.hpp>
 
+#include <concepts>
 #include <cstdint>
+#include <type_traits>
 #include <span>
 #include <vector>
 
@@ -39,22 +41,35 @@ Moments combine(const Moments& a, const Moments& b);
 Statistics reduce_moments(const Moments& local, MPI_Comm comm, const char* call);
 }  // namespace detail
 
-/// mpi_statistics_scalar(x, with_min_and_max): mean and std (and min, max) of
-/// every rank's samples pooled, in one collective, accumulated in double.
-/// Ranks may hold different numbers of samples, including none. If no rank
-/// has any sample, every rank throws mpiml::Error.
-/// with_min_and_max is accepted for the seed's signature; min and max are
-/// computed either way at no extra cost.
+/// mpi_statistics_scalar(x, comm): mean and std (and min, max) of every
+/// rank's samples pooled, in one collective, accumulated in double. Ranks
+/// may hold different numbers of samples, including none. If no rank has any
+/// sample, every rank throws mpiml::Error.
 template <MpiRange R>
-Statistics mpi_statistics_scalar(const R& x, bool with_min_and_max = false, Comm comm = {},
+Statistics mpi_statistics_scalar(const R& x, Comm comm = {},
                                  std::source_location loc = std::source_location::current()) {
     detail::SiteMark site(loc);
-    (void)with_min_and_max;
     const auto* p = std::ranges::data(x);
     const auto n = std::ranges::size(x);
     return detail::reduce_moments(detail::local_moments(p, n), comm.get("mpiml::mpi_statistics_scalar"),
                                   "mpiml::mpi_statistics_scalar");
 }
+
+/// The seed's signature, mpi_statistics_scalar(x, with_min_and_max, comm):
+/// with_min_and_max is accepted (a bool, nothing else); min and max are
+/// computed either way at no extra cost.
+template <MpiRange R, std::same_as<bool> B>
+Statistics mpi_statistics_scalar(const R& x, B with_min_and_max, Comm comm = {},
+                                 std::source_location loc = std::source_location::current()) {
+    (void)with_min_and_max;
+    return mpi_statistics_scalar(x, comm, loc);
+}
+
+/// A number as the second argument is neither a flag nor a communicator.
+template <MpiRange R, class B>
+    requires(std::is_arithmetic_v<B> && !std::same_as<B, bool> && !std::same_as<B, MPI_Comm>)
+Statistics mpi_statistics_scalar(const R& x, B with_min_and_max, Comm comm = {},
+                                 std::source_location loc = std::source_location::current()) = delete;
 
 template <class T>
 detail::Moments detail::local_moments(const T* x, std::size_t n) {

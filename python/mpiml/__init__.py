@@ -16,8 +16,9 @@ from .mpi_tools import (IN_PLACE, allreduce, barrier, broadcast, mpi_avg, mpi_fo
                         mpi_statistics_scalar, mpi_sum, msg, num_procs, pprint, proc_id)
 from . import checkpoint
 from .checkpoint import capture_rng, load_checkpoint, restore_rng, save_checkpoint
-from .runtime import (check_enabled, profile_dir, profile_start, profile_stop, profiling, region,
-                      report, set_check, set_timeout, timeout)
+from .runtime import (EXIT_STOPPED, check_enabled, profile_dir, profile_start, profile_stop, profiling,
+                      region, report, set_check, set_timeout, should_stop, stop_on_signals,
+                      stop_requested, stop_signal, timeout)
 
 _TORCH_NAMES = ("setup_pytorch_for_mpi", "sync_params", "mpi_avg_grads", "GradAverager")
 

@@ -74,20 +74,35 @@ def mpi_fork(n, bind_to_core=False, restarts=0, backoff=1.0):
     for kv in env:
         k, _, v = kv.partition(b"=")
         child_env[k] = v
+    import signal
     import subprocess
     p = subprocess.Popen(argv, env=child_env)
-    while True:
-        try:
-            rc = p.wait()
-            break
-        except KeyboardInterrupt:
-            continue  # the launcher got the Ctrl-C too and ends the ranks
+
+    # Signals sent to this process alone reach the job: the launcher ends it
+    # (SIGTERM, SIGHUP) or hands them to the ranks (SIGUSR1: a report; SIGUSR2).
+    def pass_on(sig, _frame):
+        if p.poll() is None:
+            p.send_signal(sig)
+
+    passed = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+    previous = {sig: signal.signal(sig, pass_on) for sig in passed}
+    try:
+        while True:
+            try:
+                rc = p.wait()
+                break
+            except KeyboardInterrupt:
+                continue  # the launcher got the Ctrl-C too and ends the ranks
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     sys.exit(128 - rc if rc < 0 else rc)
 
 
 def restart_attempt():
-    """0 on a job's first run, k on its k-th restart by mpi_fork(n, restarts=...)
-    or mpiml-run (MPIML_ATTEMPT)."""
+    """0 on a job's first run, k on its k-th restart: by mpi_fork(n, restarts=...)
+    or mpiml-run (MPIML_ATTEMPT), plus Slurm's requeues of the batch job
+    (SLURM_RESTART_COUNT)."""
     return _core.restart_attempt()
 
 

@@ -14,13 +14,16 @@ KeyboardInterrupt counts as an exception: Ctrl-C ends every rank.
 """
 import atexit
 import functools
+import inspect
 import sys
 import threading
 
 from . import _core
+from .errors import ArgumentError
 from . import _pyprofile
 
 _prev_excepthook = None
+_stop_registered = False  # _profile_stop_at_exit registered with atexit
 _prev_threading_hook = None
 
 
@@ -103,12 +106,69 @@ def check_enabled():
     return _core.check_enabled()
 
 
+# ------------------------------------------------------------ stopping on a signal
+EXIT_STOPPED = _core.EXIT_STOPPED
+
+
+def stop_on_signals(signals=("SIGUSR2",)):
+    """From now on the given signals (names such as "SIGUSR2" or "TERM", or
+    signal numbers) no longer end this rank: each sets a flag that
+    should_stop() reads. Call it on every rank. A batch system's warning
+    before a time limit or a preemption then becomes a checkpoint and a
+    clean end:
+
+        mpiml.stop_on_signals(("SIGUSR2", "SIGTERM"))
+        for epoch in range(start, epochs):
+            train_one_epoch()
+            if mpiml.should_stop():      # collective: the same answer on every rank
+                save_checkpoint(...)
+                sys.exit(mpiml.EXIT_STOPPED)   # 75: restarting launchers do not restart it
+
+    SIGUSR1 (reports), SIGKILL, SIGSTOP and fatal signals raise mpiml.Error."""
+    import signal as _signal
+    if isinstance(signals, (str, int)):
+        signals = (signals,)
+    numbers = []
+    for s in signals:
+        if isinstance(s, str):
+            name = s.upper() if s.upper().startswith("SIG") else "SIG" + s.upper()
+            try:
+                numbers.append(int(_signal.Signals[name]))
+            except KeyError:
+                raise ArgumentError("mpiml.stop_on_signals: no signal named %r" % (s,)) from None
+        else:
+            numbers.append(int(s))
+    _core.stop_on_signals(numbers)
+
+
+def stop_requested():
+    """This rank got one of the stop_on_signals signals (local)."""
+    return _core.stop_requested()
+
+
+def stop_signal():
+    """The first such signal this rank got (a signal.Signals), or None."""
+    import signal as _signal
+    s = _core.stop_signal()
+    return _signal.Signals(s) if s else None
+
+
+def should_stop(comm=None):
+    """Collective: True on every rank when any rank got one of the
+    stop_on_signals signals (one allreduce)."""
+    return _core.should_stop(comm)
+
+
 # ------------------------------------------------------------ profiling
 def profile_start(directory):
     """Starts profiling into directory (collective; MPIML_PROFILE=dir does it at start).
     Also runs cProfile on the calling thread."""
+    global _stop_registered
     _core.profile_start(str(directory))
     _pyprofile.start()
+    if not _stop_registered:  # a profile never stopped is written at exit
+        _stop_registered = True
+        atexit.register(_profile_stop_at_exit)
 
 
 def profile_stop():
@@ -183,6 +243,35 @@ class region:
 
     def __call__(self, fn):
         name = self.name
+        if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            raise TypeError("mpiml.region(%r): cannot time a coroutine function (its time is spread "
+                            "over its awaits); use `with mpiml.region(...)` around the parts to time"
+                            % name)
+        if inspect.isgeneratorfunction(fn):
+            # The generator's own work: each resume (next, send, throw) is one region.
+            @functools.wraps(fn)
+            def generator(*args, **kwargs):
+                gen = fn(*args, **kwargs)
+                value, error = None, None
+                while True:
+                    r = _core.Region(name)
+                    r.enter()
+                    try:
+                        item = gen.send(value) if error is None else gen.throw(error)
+                    except StopIteration as stop:
+                        return stop.value
+                    finally:
+                        r.exit()
+                    value, error = None, None
+                    try:
+                        value = yield item
+                    except GeneratorExit:
+                        gen.close()
+                        raise
+                    except BaseException as e:  # noqa: BLE001 - thrown in: passed on
+                        error = e
+
+            return generator
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
@@ -206,6 +295,7 @@ def _profile_requested():
 install_excepthooks()
 if _profile_requested() and not _pyprofile.running():
     _pyprofile.start()
+    _stop_registered = True
     atexit.register(_profile_stop_at_exit)
 # Reports show Python stacks until the interpreter starts to go away (atexit
 # handlers run first at interpreter exit; MPI ends after the interpreter).

@@ -11,13 +11,22 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <complex>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <span>
 #include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
 #include <vector>
+
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "common.hpp"
 #include "core/op.hpp"     // src/: the registry of ops
@@ -37,6 +46,84 @@ namespace {
 
 using namespace mpiml;
 using namespace mpiml::python;
+
+// ------------------------------------------------------------ Python stacks in reports
+PyInterpreterState* python_interp = nullptr;
+
+std::string read_fd(int fd) {
+    std::string text;
+    char buf[8192];
+    ::lseek(fd, 0, SEEK_SET);
+    for (ssize_t k; (k = ::read(fd, buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(k));
+    return text;
+}
+
+// Drops the block of one thread ("Thread 0x... (most recent call first):" and
+// its frames) from a dump.
+std::string without_thread(const std::string& dump, unsigned long id) {
+    char tag[40];
+    std::snprintf(tag, sizeof tag, "hread 0x%016lx", id);
+    std::string out;
+    bool skipping = false;
+    std::size_t at = 0;
+    while (at < dump.size()) {
+        std::size_t end = dump.find('\n', at);
+        end = end == std::string::npos ? dump.size() : end + 1;
+        const std::string_view line(dump.data() + at, end - at);
+        if (line.rfind("Thread 0x", 0) == 0 || line.rfind("Current thread 0x", 0) == 0)
+            skipping = line.find(tag) != std::string_view::npos;
+        if (!skipping) out.append(line);
+        at = end;
+    }
+    return out;
+}
+
+// Every Python thread's frames for a report. Other threads push and pop
+// frames while they run, so they are read with the GIL held, taken by a
+// thread of its own; when that does not succeed within a second, the GIL's
+// holder runs C code and holds it (no frame can change meanwhile), and they
+// are read without it, as faulthandler does.
+void dump_python_stacks(int fd) {
+    if (!python_interp || !Py_IsInitialized() || _Py_IsFinalizing()) return;
+    struct Job {
+        std::mutex m;
+        std::condition_variable cv;
+        bool done = false;
+        std::string text;
+    };
+    auto job = std::make_shared<Job>();
+    try {
+        std::thread([job] {
+            const int own = ::memfd_create("mpiml-python-stacks-gil", MFD_CLOEXEC);
+            std::string text;
+            if (own >= 0 && Py_IsInitialized() && !_Py_IsFinalizing()) {
+                const PyGILState_STATE g = PyGILState_Ensure();
+                _Py_DumpTracebackThreads(own, python_interp, nullptr);
+                PyGILState_Release(g);
+                text = without_thread(read_fd(own), static_cast<unsigned long>(::pthread_self()));
+            }
+            if (own >= 0) ::close(own);
+            std::lock_guard lock(job->m);
+            job->text = std::move(text);
+            job->done = true;
+            job->cv.notify_all();
+        }).detach();
+    } catch (const std::system_error&) {
+        _Py_DumpTracebackThreads(fd, python_interp, nullptr);
+        return;
+    }
+    std::unique_lock lock(job->m);
+    if (job->cv.wait_for(lock, std::chrono::seconds(1), [&] { return job->done; })) {
+        for (std::size_t at = 0; at < job->text.size();) {
+            const ssize_t k = ::write(fd, job->text.data() + at, job->text.size() - at);
+            if (k <= 0) break;
+            at += static_cast<std::size_t>(k);
+        }
+        return;
+    }
+    lock.unlock();
+    _Py_DumpTracebackThreads(fd, python_interp, nullptr);
+}
 
 // ------------------------------------------------------------ dtypes
 using detail::TypeInfo;
@@ -365,10 +452,25 @@ PYBIND11_MODULE(_core, m) {
     mpiml::python::register_checkpoint(m);
 
     // Reports of where every rank is show this interpreter's Python stacks.
-    static PyInterpreterState* interp = PyInterpreterState_Get();
-    detail::set_python_stacks([](int fd) { _Py_DumpTracebackThreads(fd, interp, nullptr); });
+    python_interp = PyInterpreterState_Get();
+    detail::set_python_stacks(dump_python_stacks);
     // (at interpreter exit, before its threads' states go: mpiml.runtime)
     m.def("_forget_python_stacks", [] { detail::set_python_stacks(nullptr); });
+    // What a report shows of this interpreter (tests): with the GIL released,
+    // as the report agent finds it, or held (the dumper then waits a second).
+    m.def("_python_stacks", [](bool release_gil) {
+        const int fd = ::memfd_create("mpiml-python-stacks-test", MFD_CLOEXEC);
+        if (fd < 0) throw std::runtime_error("memfd_create failed");
+        if (release_gil) {
+            py::gil_scoped_release nogil;
+            dump_python_stacks(fd);
+        } else {
+            dump_python_stacks(fd);
+        }
+        std::string text = read_fd(fd);
+        ::close(fd);
+        return text;
+    }, py::arg("release_gil") = true);
     m.def("report", [](const std::string& reason) {
         ensure_initialized_py();
         py::gil_scoped_release nogil;
@@ -391,6 +493,16 @@ PYBIND11_MODULE(_core, m) {
     });
     m.def("proc_id", [](py::handle comm) { return proc_id(to_comm(comm)); }, py::arg("comm") = py::none());
     m.def("num_procs", [](py::handle comm) { return num_procs(to_comm(comm)); }, py::arg("comm") = py::none());
+    m.attr("EXIT_STOPPED") = exit_stopped;
+    m.def("stop_on_signals", [](const std::vector<int>& signals) { stop_on_signals(signals); });
+    m.def("stop_requested", [] { return stop_requested(); });
+    m.def("stop_signal", [] { return stop_signal(); });
+    m.def("should_stop", [](py::handle comm) {
+        PySite site;
+        const Comm c = to_comm(comm);
+        py::gil_scoped_release nogil;
+        return should_stop(c);
+    }, py::arg("comm") = py::none());
     m.def("barrier", [](py::handle comm) {
         PySite site;
         const Comm c = to_comm(comm);

@@ -3,6 +3,10 @@ mpiml_add_pytest(NAME pytest_smoke FILE tests/test_smoke.py RANKS 1 2)
 mpiml_add_pytest(NAME pytest_mpi_tools FILE tests/test_mpi_tools.py RANKS 1 2 3 TIMEOUT 120)
 mpiml_add_pytest(NAME pytest_mpi_pytorch FILE tests/test_mpi_pytorch.py RANKS 1 2 3 TIMEOUT 120)
 # Launches its own mpirun jobs (failures, import orders, mpi_fork): one rank.
-mpiml_add_pytest(NAME pytest_jobs FILE tests/test_jobs.py RANKS 1 TIMEOUT 240)
+set(_jobs_env MPIML_RUN=$<TARGET_FILE:mpiml-run>)
+if(TARGET mpiml-ppo)
+  list(APPEND _jobs_env MPIML_PPO=$<TARGET_FILE:mpiml-ppo>)
+endif()
+mpiml_add_pytest(NAME pytest_jobs FILE tests/test_jobs.py RANKS 1 TIMEOUT 360 ENV ${_jobs_env})
 # GradAverager(overlap=True): equivalence and bit-identity (communication thread).
 mpiml_add_pytest(NAME pytest_overlap FILE tests/test_overlap.py RANKS 2 3 TIMEOUT 120)

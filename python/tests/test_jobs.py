@@ -192,8 +192,10 @@ def test_mpi_fork_after_mpi4py_started_mpi(tmp_path, mpi4py_first):
         {}
         {}
         mt.mpi_fork(2)
-        print("rank", mt.proc_id(), "of", mt.num_procs(), MPI.COMM_WORLD.Get_size(),
-              os.environ.get("OMPI_MCA_mpi_show_handle_leaks"), flush=True)
+        # one write: print's pieces interleave across ranks
+        sys.stdout.write("rank %d of %d %d %s\n" % (mt.proc_id(), mt.num_procs(),
+                         MPI.COMM_WORLD.Get_size(), os.environ.get("OMPI_MCA_mpi_show_handle_leaks")))
+        sys.stdout.flush()
         """.format(*order))
     p = subprocess.run([PY, script], capture_output=True, text=True, timeout=60, env=clean_env())
     assert p.returncode == 0, p.stdout + p.stderr
@@ -489,3 +491,290 @@ def test_mpi_fork_restarts_argument_checked():
     import mpiml.mpi_tools as mt
     with pytest.raises(ValueError, match="restarts must be >= 0"):
         mt.mpi_fork(2, restarts=-1)
+
+
+SIGNALED = """
+    import os, signal, sys, time
+    import numpy as np
+    import mpiml.mpi_tools as mt
+    mt.mpi_fork(2, restarts={restarts})
+    got = []
+    signal.signal(signal.SIGUSR2, lambda *a: got.append(1))
+    open(os.path.join({dir!r}, "ready.%d" % mt.proc_id()), "w").close()
+    while mt.mpi_sum(np.array([1 if got else 0]))[0] < 2:
+        time.sleep(0.05)
+    print("rank %d got SIGUSR2" % mt.proc_id(), flush=True)
+    """
+
+MPIML_RUN = os.environ.get("MPIML_RUN") or shutil.which("mpiml-run")
+MPIML_PPO = os.environ.get("MPIML_PPO") or shutil.which("mpiml-ppo")
+
+
+def _front(front, tmp_path):
+    """The command a user starts: the process signals are sent to."""
+    if front == "mpiml-ppo":
+        if not MPIML_PPO:
+            pytest.skip("mpiml-ppo not built (set MPIML_PPO)")
+        return [MPIML_PPO, "--cpu", "2", "--epochs", "1000", "--checkpoint-every", "0",
+                "--out", str(tmp_path / "out")]
+    script = write(tmp_path, "signaled.py", SIGNALED.format(
+        restarts=1 if front == "mpi_fork(restarts=1)" else 0, dir=str(tmp_path)))
+    if front == "mpiml-run":
+        if not MPIML_RUN:
+            pytest.skip("mpiml-run not found (set MPIML_RUN)")
+        return [MPIML_RUN, "-np", "2", PY, script]
+    return [PY, script]
+
+
+def _job_left(tmp_path):
+    """Processes of the job still running (their command lines name tmp_path)."""
+    p = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
+    return [int(x) for x in p.stdout.split() if int(x) != os.getpid()]
+
+
+def _wait_ready(tmp_path, p, front):
+    t0 = time.monotonic()
+    if front == "mpiml-ppo":  # its first epochs' rows
+        while time.monotonic() - t0 < 60 and p.poll() is None:
+            if (tmp_path / "out" / "progress.txt").exists():
+                return
+            time.sleep(0.1)
+    else:
+        while time.monotonic() - t0 < 60 and p.poll() is None:
+            if all((tmp_path / ("ready.%d" % r)).exists() for r in range(2)):
+                return
+            time.sleep(0.05)
+    raise AssertionError("the job did not start: %s" % (p.communicate(timeout=30),))
+
+
+@pytest.mark.parametrize("front", ["mpi_fork", "mpi_fork(restarts=1)", "mpiml-run"])
+def test_sigusr1_and_sigusr2_to_the_front_process_reach_the_ranks(tmp_path, front):
+    """SIGUSR1 sent to the process the user started prints a report and the
+    job goes on; SIGUSR2 reaches every rank (as mpirun's own forwarding)."""
+    p = subprocess.Popen(_front(front, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=clean_env(), start_new_session=True)
+    try:
+        _wait_ready(tmp_path, p, front)
+        p.send_signal(signal.SIGUSR1)
+        time.sleep(3)
+        assert p.poll() is None, p.communicate()
+        p.send_signal(signal.SIGUSR2)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, out + err
+        assert "[mpiml] report: where every rank is (2 ranks)" in err, err
+        assert sorted(l for l in out.splitlines() if "got SIGUSR2" in l) == [
+            "rank 0 got SIGUSR2", "rank 1 got SIGUSR2"], out + err
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("front", ["mpi_fork", "mpi_fork(restarts=1)", "mpiml-run", "mpiml-ppo"])
+def test_sigterm_to_the_front_process_ends_the_whole_job(tmp_path, front, sig):
+    """A SIGTERM or SIGHUP sent to the process the user started (a batch
+    system's, or kill) ends every rank, with no restart: nothing is left
+    running (before, the ranks and mpirun went on without it)."""
+    p = subprocess.Popen(_front(front, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=clean_env(), start_new_session=True)
+    try:
+        _wait_ready(tmp_path, p, front)
+        t0 = time.monotonic()
+        p.send_signal(getattr(signal, sig))
+        out, err = p.communicate(timeout=30)
+        assert p.returncode != 0, out + err
+        left = _job_left(tmp_path)
+        while left and time.monotonic() - t0 < 15:
+            time.sleep(0.2)
+            left = _job_left(tmp_path)
+        assert not left, ("processes of the job still running", left, out + err)
+        assert "restarting" not in err, err
+    finally:
+        for pid in _job_left(tmp_path):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+@pytest.mark.parametrize("env,want", [({}, 0), ({"SLURM_RESTART_COUNT": "2"}, 2),
+                                      ({"SLURM_RESTART_COUNT": "1", "MPIML_ATTEMPT": "1"}, 2),
+                                      ({"SLURM_RESTART_COUNT": "0"}, 0)])
+def test_restart_attempt_counts_slurm_requeues(env, want):
+    code = "import mpiml.mpi_tools as mt; print(mt.restart_attempt())"
+    p = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=clean_env(**env))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == str(want), p.stdout + p.stderr
+
+
+def test_mpiml_ppo_requeued_by_slurm_resumes(tmp_path):
+    """A batch job Slurm requeues runs its script again with SLURM_RESTART_COUNT
+    set: mpiml-ppo continues from its checkpoints instead of starting afresh
+    (and deleting them)."""
+    if not MPIML_PPO:
+        pytest.skip("mpiml-ppo not built (set MPIML_PPO)")
+    cmd = [MPIML_PPO, "--epochs", "2", "--steps", "400", "--out", str(tmp_path / "out")]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=clean_env())
+    assert first.returncode == 0, first.stdout + first.stderr
+    cmd[2] = "3"
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                           env=clean_env(SLURM_RESTART_COUNT="1"))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "mpiml-ppo: resuming from" in again.stdout, again.stdout
+    rows = (tmp_path / "out" / "progress.txt").read_text().splitlines()
+    assert [r.split("\t")[0] for r in rows[1:]] == ["0", "1", "2"], rows
+
+
+def test_mpiml_ppo_total_env_interacts_counts_steps_across_a_resume(tmp_path):
+    """TotalEnvInteracts is the steps taken, also when a resumed run changes
+    --steps (it went back before: epochs times the new steps)."""
+    if not MPIML_PPO:
+        pytest.skip("mpiml-ppo not built (set MPIML_PPO)")
+    out = str(tmp_path / "out")
+    for args in (["--epochs", "2", "--steps", "400"],
+                 ["--epochs", "4", "--steps", "600", "--resume", "auto"]):
+        p = subprocess.run([MPIML_PPO, "--out", out] + args, capture_output=True, text=True,
+                           timeout=120, env=clean_env())
+        assert p.returncode == 0, p.stdout + p.stderr
+    rows = [r.split("\t") for r in (tmp_path / "out" / "progress.txt").read_text().splitlines()]
+    col = rows[0].index("TotalEnvInteracts")
+    assert [int(float(r[col])) for r in rows[1:]] == [400, 800, 1400, 2000], rows
+
+
+def test_stopped_and_continued_job_is_not_a_hang(tmp_path):
+    """SIGSTOP then SIGCONT to every rank (Slurm's suspend) for longer than
+    MPIML_TIMEOUT while one waits in a collective: the stopped time is not
+    waiting; the job goes on and ends with 0."""
+    script = write(tmp_path, "suspended.py", """
+        import os, sys, time
+        import numpy as np
+        import mpiml.mpi_tools as mt
+        r = mt.proc_id()
+        open(os.path.join(%r, "pid.%%d" %% r), "w").write(str(os.getpid()))
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 9:
+            if r == 0:
+                time.sleep(0.5)  # rank 1 waits for it in the allreduce
+            mt.mpi_sum(np.ones(3))
+        print("rank %%d done" %% r, flush=True)
+        """ % str(tmp_path))
+    p = subprocess.Popen(mpirun(2, PY, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=clean_env(drop=(), MPIML_TIMEOUT="2"), start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while not all((tmp_path / ("pid.%d" % r)).exists() for r in range(2)):
+            assert time.monotonic() - t0 < 60 and p.poll() is None, p.communicate()
+            time.sleep(0.05)
+        time.sleep(1)
+        pids = [int((tmp_path / ("pid.%d" % r)).read_text()) for r in range(2)]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(4)  # twice the timeout
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, out + err
+        assert "watchdog" not in err, err
+        assert sorted(out.split("\n")[:-1]) == ["rank 0 done", "rank 1 done"], out + err
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+STOPPING = """
+    import os, sys, time
+    import numpy as np
+    import mpiml, mpiml.mpi_tools as mt
+    try:
+        mpiml.stop_on_signals("SIGUSR1")
+        raise SystemExit("SIGUSR1 was accepted")
+    except mpiml.Error as e:
+        assert "report" in str(e), e
+    mpiml.stop_on_signals(("SIGUSR2", "TERM"))
+    r = mt.proc_id()
+    open(os.path.join({dir!r}, "pid.%d" % r), "w").write(str(os.getpid()))
+    for step in range(100000):
+        mt.mpi_sum(np.ones(3))
+        time.sleep(0.01)
+        if mpiml.should_stop():
+            sig = mpiml.stop_signal()
+            print("rank %d stopped at step %d on %s" % (r, step, sig.name if sig else None), flush=True)
+            sys.exit(mpiml.EXIT_STOPPED)
+    """
+
+
+def test_stop_on_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    """SIGUSR2 sent to rank 1 only: should_stop() is True on both ranks at the
+    same step, the job ends with EXIT_STOPPED (75), and mpiml-run does not
+    restart it."""
+    if not MPIML_RUN:
+        pytest.skip("mpiml-run not found (set MPIML_RUN)")
+    script = write(tmp_path, "stopping.py", STOPPING.format(dir=str(tmp_path)))
+    p = subprocess.Popen([MPIML_RUN, "--restarts", "1", "--backoff", "0.2", "-np", "2", PY, script],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+                         start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while not all((tmp_path / ("pid.%d" % r)).exists() for r in range(2)):
+            assert time.monotonic() - t0 < 60 and p.poll() is None, p.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)
+        os.kill(int((tmp_path / "pid.1").read_text()), signal.SIGUSR2)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 75, out + err
+        lines = sorted(l for l in out.splitlines() if "stopped at step" in l)
+        assert len(lines) == 2, out + err
+        steps = {re.search(r"step (\d+)", l)[1] for l in lines}
+        assert len(steps) == 1, lines  # the same step on both ranks
+        step = steps.pop()
+        assert lines == ["rank 0 stopped at step %s on None" % step,
+                         "rank 1 stopped at step %s on SIGUSR2" % step], lines
+        assert "the job stopped on request (status 75); no restart" in err, err
+        assert "restarting" not in err, err
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_mpiml_ppo_stops_on_sigusr2_with_a_checkpoint_and_resumes(tmp_path):
+    """mpiml-ppo --cpu 2 with SIGUSR2 sent to the process the user started:
+    the epoch ends, a checkpoint is saved, the job ends with 75; --resume
+    auto continues from the next epoch."""
+    if not MPIML_PPO:
+        pytest.skip("mpiml-ppo not built (set MPIML_PPO)")
+    out_dir = tmp_path / "out"
+    cmd = [MPIML_PPO, "--cpu", "2", "--steps", "800", "--out", str(out_dir)]
+    p = subprocess.Popen(cmd + ["--epochs", "1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=clean_env(), start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        progress = out_dir / "progress.txt"
+        while not (progress.exists() and len(progress.read_text().splitlines()) >= 3):
+            assert time.monotonic() - t0 < 120 and p.poll() is None, p.communicate()
+            time.sleep(0.1)
+        p.send_signal(signal.SIGUSR2)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 75, out + err
+        m = re.search(r"mpiml-ppo: stopping after epoch (\d+) on request \(SIGUSR2 on rank 0\); "
+                      r"checkpoint saved in \S+: continue with --resume auto", out)
+        assert m, out + err
+        last = int(m[1])
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    rows = progress.read_text().splitlines()
+    assert [int(r.split("\t")[0]) for r in rows[1:]] == list(range(last + 1)), rows
+    again = subprocess.run(cmd + ["--epochs", str(last + 3), "--resume", "auto"], capture_output=True,
+                           text=True, timeout=120, env=clean_env())
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resuming from" in again.stdout and "(epoch %d," % last in again.stdout, again.stdout
+    rows = progress.read_text().splitlines()
+    assert [int(r.split("\t")[0]) for r in rows[1:]] == list(range(last + 3)), rows

@@ -162,3 +162,55 @@ def test_unwritable_profile_file_raises_on_every_rank(tmp_path):
     assert len(caught) == 2, p.stdout
     assert "mpiml.profile_stop on rank 0/2: the Python profile of rank 1 was not written" in caught[0]
     assert "mpiml.profile_stop on rank 1/2: cannot write" in caught[1] and "profile_1.prof" in caught[1]
+
+
+def test_region_on_a_generator_times_each_resume_and_profile_start_without_stop(tmp_path):
+    """@mpiml.region on a generator function times its work (each resume is
+    one call), not the creation of the generator; a coroutine function is a
+    TypeError. A profile started with profile_start and never stopped is
+    written at exit, Python half included."""
+    script = tmp_path / "gen.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        import numpy as np
+        import mpiml, mpiml.mpi_tools as mt
+
+        @mpiml.region("rollout")
+        def rollout(n):
+            for i in range(n):
+                time.sleep(0.1)
+                got = yield i
+                assert got is None
+            return "done"
+
+        try:
+            @mpiml.region("coro")
+            async def coro():
+                pass
+            raise SystemExit("a coroutine function was accepted")
+        except TypeError as e:
+            assert "coroutine" in str(e), e
+
+        mpiml.profile_start(sys.argv[1])
+        assert list(rollout(3)) == [0, 1, 2]
+        g = rollout(5)
+        next(g)
+        try:
+            g.throw(KeyError("into the generator"))
+        except KeyError:
+            pass
+        mt.mpi_sum(np.ones(3))
+        # no profile_stop: written at exit
+        """))
+    d = tmp_path / "prof"
+    p = subprocess.run(mpirun(2, PY, str(script), str(d)), capture_output=True, text=True,
+                       timeout=120, env=clean_env())
+    assert p.returncode == 0, p.stdout + p.stderr
+    summary = json.loads((d / "summary.json").read_text())
+    row = [r for r in summary["rows"] if r["name"] == "rollout"]
+    assert row, summary["rows"]
+    # 3 sleeps + the end of the first, 1 sleep + the throw of the second
+    assert row[0]["calls_min"] == 6 and row[0]["min_s"] > 0.35, row
+    for r in range(2):
+        assert (d / ("profile_%d.prof" % r)).exists(), os.listdir(d)
+    assert summary["python"]["rows"] is not None

@@ -190,6 +190,14 @@ EnvConfig read_env_config() {
             bad("MPIML_ATTEMPT", *v, "must be the attempt number (0 for the first run)");
         c.attempt = static_cast<int>(k);
     }
+    // Slurm's count of this batch job's requeues (node failure, preemption,
+    // scontrol requeue): a requeued job is a restart of the same job.
+    if (auto v = get("SLURM_RESTART_COUNT")) {
+        char* end = nullptr;
+        const long k = std::strtol(v->c_str(), &end, 10);
+        if (!*end && k > 0 && k <= INT_MAX && std::isdigit(static_cast<unsigned char>((*v)[0])))
+            c.requeues = static_cast<int>(k);
+    }
     if (auto v = get("MPIML_ABORT_RECORD")) c.abort_record = *v;
     if (auto v = get("MPIML_C10D_CHECK")) c.c10d_check = parse_bool("MPIML_C10D_CHECK", *v);
     if (auto v = get("MPIML_REPORT")) c.report = parse_bool("MPIML_REPORT", *v);

@@ -27,6 +27,7 @@ struct EnvConfig {
     bool profile_clock_measure = false;  // MPIML_PROFILE_CLOCK=measure
     std::vector<Injection> inject;  // MPIML_INJECT (first attempt only)
     int attempt = 0;                // MPIML_ATTEMPT: 0 first, set by restarting launchers
+    int requeues = 0;               // SLURM_RESTART_COUNT (a requeued batch job)
     std::string abort_record;       // MPIML_ABORT_RECORD: file the abort line is appended to
     std::optional<bool> c10d_check; // MPIML_C10D_CHECK
     std::optional<bool> report;     // MPIML_REPORT: the report agent (default on)

@@ -47,7 +47,11 @@ void check_mpi(int rc, const char* call) {
     if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
     int cls = rc;
     MPI_Error_class(rc, &cls);
-    throw Error(call, "MPI error " + std::to_string(cls) + ": " + std::string(text, len), rc);
+    std::string what = "MPI error " + std::to_string(cls) + ": " + std::string(text, len);
+    if (cls == MPI_ERR_TRUNCATE)
+        what += " (the ranks passed different counts or roots; MPIML_CHECK=1 names what each rank "
+                "called)";
+    throw Error(call, what, rc);
 }
 
 void fail(const char* call, const std::string& what) { throw Error(call, what); }

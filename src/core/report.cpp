@@ -39,6 +39,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -181,6 +182,7 @@ struct ThreadSlot {
 ThreadSlot slots[max_threads];
 std::atomic<int> nslots{0};
 int capture_signal() { return SIGRTMIN + 4; }
+std::atomic<bool> capture_ready{false};  // on_capture installed (its default action ends the process)
 
 extern "C" void on_capture(int) {
     const int saved = errno;
@@ -368,6 +370,7 @@ std::string stacks_text() {
         for (std::string l; std::getline(in, l);)
             if (!l.empty()) out += "      " + l + "\n";
     }
+    if (!capture_ready.load(std::memory_order_acquire)) return out;
     // Ask each thread for its native stack.
     const auto me = static_cast<pid_t>(::syscall(SYS_gettid));
     std::vector<pid_t> tids;
@@ -777,6 +780,46 @@ void serve(int fd) {
 // SIGUSR1's handler before ours (MPICH's, or the program's): called after ours.
 struct sigaction previous_usr1 {};
 
+// Until the agent's handler replaces it: a rank started by a launcher (whose
+// mpirun forwards SIGUSR1) is not ended by a report asked for early.
+char early_line[160];
+std::size_t early_len = 0;
+std::atomic<bool> agent_handles_usr1{false};
+
+extern "C" void on_early_usr1(int) {
+    if (agent_handles_usr1.load(std::memory_order_relaxed)) return;
+    const int saved = errno;
+    [[maybe_unused]] const ssize_t k = ::write(2, early_line, early_len);
+    errno = saved;
+}
+
+bool is_off(const char* v) {
+    if (!v) return false;
+    std::string s(v);
+    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s == "0" || s == "false" || s == "off" || s == "no";
+}
+
+__attribute__((constructor)) void install_early_usr1() {
+    const char* rank = nullptr;
+    for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
+        if ((rank = std::getenv(v))) break;
+    if (!rank || is_off(std::getenv("MPIML_REPORT"))) return;
+    struct sigaction old {};
+    if (::sigaction(SIGUSR1, nullptr, &old) != 0 || (old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL)
+        return;  // the program's own, or inherited as ignored
+    const int n = std::snprintf(early_line, sizeof early_line,
+                                "[mpiml] rank %.16s (pid %d): SIGUSR1 before mpiml started MPI: no "
+                                "report yet; the rank goes on\n",
+                                rank, static_cast<int>(::getpid()));
+    early_len = n > 0 ? std::min<std::size_t>(static_cast<std::size_t>(n), sizeof early_line - 1) : 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_early_usr1;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(SIGUSR1, &sa, nullptr);
+}
+
 void on_usr1(int sig, siginfo_t* info, void* context) {
     const int saved = errno;
     const char c = 'u';
@@ -930,6 +973,16 @@ void report_setup() {
                           MPI_COMM_WORLD) != MPI_SUCCESS ||
             MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS)
             all_ok = 0;
+        // The capture signal, and backtrace's first call (it loads libgcc) done here:
+        // a rank's own section (agent or not) asks every thread for its stack.
+        void* warm[2];
+        ::backtrace(warm, 2);
+        struct sigaction sa {};
+        sa.sa_handler = on_capture;
+        sigemptyset(&sa.sa_mask);
+        sa.sa_flags = SA_RESTART;
+        ::sigaction(capture_signal(), &sa, nullptr);
+        capture_ready.store(true, std::memory_order_release);
         if (!all_ok) {
             if (fd >= 0) ::close(fd);
             return;  // reports hold this rank's section only
@@ -939,20 +992,15 @@ void report_setup() {
         if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) return;
         a.pipe_r = p[0];
         a.pipe_w = p[1];
-        // The capture signal, and backtrace's first call (it loads libgcc) done here.
-        void* warm[2];
-        ::backtrace(warm, 2);
-        struct sigaction sa {};
-        sa.sa_handler = on_capture;
-        sigemptyset(&sa.sa_mask);
-        sa.sa_flags = SA_RESTART;
-        ::sigaction(capture_signal(), &sa, nullptr);
         // SIGUSR1, then whatever handled it before (MPICH has a handler of its own).
         struct sigaction usr1 {};
         usr1.sa_sigaction = on_usr1;
         sigemptyset(&usr1.sa_mask);
         usr1.sa_flags = SA_RESTART | SA_SIGINFO;
         ::sigaction(SIGUSR1, &usr1, &previous_usr1);
+        agent_handles_usr1.store(true, std::memory_order_relaxed);
+        if (!(previous_usr1.sa_flags & SA_SIGINFO) && previous_usr1.sa_handler == on_early_usr1)
+            previous_usr1.sa_handler = SIG_DFL;  // not chained: ours from load time
         // The agent file: mpiml-report finds rank 0's agent through any rank's pid.
         const std::string dir = agent_dir();
         ::mkdir(dir.c_str(), 0700);

@@ -148,6 +148,10 @@ MPI_Comm Comm::get(const char* call) const {
     ensure_initialized(call);
     if (!set_) return state().default_comm;
     if (comm_ == MPI_COMM_NULL) detail::fail(call, "communicator is MPI_COMM_NULL");
+    int inter = 0;
+    if (MPI_Comm_test_inter(comm_, &inter) == MPI_SUCCESS && inter)
+        detail::fail(call, "inter-communicators are not supported (use an intra-communicator, e.g. "
+                           "MPI_Intercomm_merge)");
     return comm_;
 }
 
@@ -163,12 +167,26 @@ Session::Session(int& argc, char**& argv, SessionOptions opts) { start(&argc, &a
 void Session::start(int* argc, char*** argv, const SessionOptions& opts) {
     auto& s = state();
     const bool was_initialized = is_initialized();
-    if (!s.ready) detail::initialize(argc, argv, opts);
+    if (s.ready) {
+        // Started before (an earlier mpiml call): what only start-up sets cannot change.
+        const auto late = [&](const std::string& what) {
+            detail::fail("mpiml::Session", what + "; mpiml started MPI at an earlier call: make the "
+                                                  "Session before any other mpiml call");
+        };
+        if (opts.thread_level > s.provided)
+            late("asks for MPI thread level " + std::to_string(opts.thread_level) +
+                 ", but MPI runs at level " + std::to_string(s.provided));
+        if (opts.abort_on_failure != s.abort_on_failure)
+            late(std::string("asks for abort_on_failure = ") + (opts.abort_on_failure ? "true" : "false") +
+                 ", but it is " + (s.abort_on_failure ? "true" : "false"));
+    } else {
+        detail::initialize(argc, argv, opts);
+    }
     owns_ = !was_initialized && s.we_initialized;
     if (opts.timeout) set_timeout(*opts.timeout);
     if (opts.check) s.check = *opts.check;
     previous_comm_ = s.default_comm;
-    if (opts.comm != MPI_COMM_NULL) s.default_comm = opts.comm;
+    if (opts.comm != MPI_COMM_NULL) s.default_comm = Comm(opts.comm).get("mpiml::Session");
 }
 
 Session::~Session() {

@@ -100,10 +100,17 @@ std::string missing_ranks(std::uint64_t my_seq, MPI_Comm comm) {
 void loop() {
     auto& w = watch();
     std::unique_lock lock(w.m);
+    auto last = Clock::now();
     while (!w.stop) {
         w.cv.wait_for(lock, std::chrono::milliseconds(50));
         if (w.stop) continue;
         const auto now = Clock::now();
+        // A tick a second late: the process was stopped (SIGSTOP, Slurm's
+        // suspend) or not scheduled; that time does not count as waiting.
+        if (const auto gap = now - last; gap > std::chrono::seconds(1))
+            for (Slot& s : w.slots)
+                if (s.start < last) s.start += gap - std::chrono::milliseconds(50);
+        last = now;
         const double global = state().timeout.load(std::memory_order_relaxed);
         for (const Slot& s : w.slots) {
             const double limit = s.w.timeout > 0 ? s.w.timeout : global;

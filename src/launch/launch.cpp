@@ -5,6 +5,7 @@
 #include <mpiml/error.hpp>
 #include <mpiml/launch.hpp>
 #include <mpiml/session.hpp>
+#include <mpiml/stop.hpp>
 
 #include <fcntl.h>
 #include <sched.h>
@@ -21,8 +22,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <iterator>
 #include <functional>
+#include <iterator>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -382,13 +384,42 @@ LaunchPlan plan_fork(int n, bool bind_to_core) {
 namespace {
 
 volatile std::sig_atomic_t interrupted = 0;
-pid_t running_launcher = 0;
-void on_interrupt(int sig) {
-    interrupted = sig;
-    // Ctrl-C reaches the launcher through the terminal; a SIGTERM sent to this
-    // process alone is passed on.
-    if (sig == SIGTERM && running_launcher > 0) ::kill(running_launcher, SIGTERM);
+volatile pid_t running_launcher = 0;
+void on_signal(int sig, siginfo_t* info, void*) {
+    // SIGTERM, SIGINT and SIGHUP end the job for good (no restart); SIGUSR1
+    // (a report) and SIGUSR2 only pass through: mpirun and srun hand them to
+    // the ranks. Ctrl-C and a hang-up from the terminal reach the launcher
+    // by themselves (its process group); the same signals sent to this
+    // process alone are passed on.
+    const bool from_terminal = info && info->si_code == SI_KERNEL;
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) interrupted = sig;
+    if (running_launcher > 0 && !((sig == SIGINT || sig == SIGHUP) && from_terminal))
+        ::kill(running_launcher, sig);
 }
+
+constexpr int passed_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
+
+// While the launcher runs, this process passes the signals above on to it.
+class PassSignals {
+public:
+    PassSignals() {
+        struct sigaction sa {};
+        sa.sa_sigaction = on_signal;
+        sa.sa_flags = SA_SIGINFO | SA_RESTART;
+        sigemptyset(&sa.sa_mask);
+        for (std::size_t i = 0; i < std::size(passed_signals); ++i)
+            ::sigaction(passed_signals[i], &sa, &old_[i]);
+    }
+    ~PassSignals() {
+        for (std::size_t i = 0; i < std::size(passed_signals); ++i)
+            ::sigaction(passed_signals[i], &old_[i], nullptr);
+    }
+    PassSignals(const PassSignals&) = delete;
+    PassSignals& operator=(const PassSignals&) = delete;
+
+private:
+    struct sigaction old_[std::size(passed_signals)] {};
+};
 
 // Runs argv with env; the launcher's stderr passes through, and its lines
 // that name a rank ending on a signal or a lost host are kept in `noticed`.
@@ -399,6 +430,7 @@ int spawn_and_wait(const LaunchPlan& plan, std::vector<std::string> argv, std::v
     pid_t pid = 0;
     const int rc = spawn_into(fds, false, argv, env, pid);
     running_launcher = rc == 0 ? pid : 0;
+    if (rc == 0 && interrupted) ::kill(pid, interrupted);  // arrived while it started
     if (rc != 0) {
         ::close(fds[0]);
         fail(call_name, "cannot start " + plan.launcher + ": " + std::strerror(rc));
@@ -550,13 +582,9 @@ int run_with_restarts(const LaunchPlan& initial, int restarts, double backoff, c
         return argv;
     };
     std::vector<std::string> env = env_of(plan), argv = argv_of(plan);
-    // Ctrl-C or SIGTERM ends the job for good: no restart after it.
+    // Ctrl-C, SIGTERM or SIGHUP ends the job for good: no restart after it.
     interrupted = 0;
-    struct sigaction sa {}, old_int{}, old_term{};
-    sa.sa_handler = on_interrupt;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGINT, &sa, &old_int);
-    ::sigaction(SIGTERM, &sa, &old_term);
+    std::optional<PassSignals> passing(std::in_place);
     int code = 0;
     double wait = backoff;
     for (int attempt = 0;; ++attempt) {
@@ -567,6 +595,13 @@ int run_with_restarts(const LaunchPlan& initial, int restarts, double backoff, c
         std::string noticed;
         code = spawn_and_wait(plan, argv, e, noticed);
         if (code == 0) break;
+        if (code == exit_stopped) {  // stopped on request (mpiml::should_stop): not a failure
+            char line[160];
+            std::snprintf(line, sizeof line,
+                          "[mpiml] %s: the job stopped on request (status %d); no restart\n", who, code);
+            [[maybe_unused]] const ssize_t w = ::write(2, line, std::strlen(line));
+            break;
+        }
         std::string why = first_line(record);
         if (why.empty()) why = trim(noticed);
         if (why.empty()) why = "no rank recorded why";
@@ -576,7 +611,8 @@ int run_with_restarts(const LaunchPlan& initial, int restarts, double backoff, c
                       attempt + 1, restarts + 1, code);
         std::string msg = head + why + ")";
         if (last) {
-            msg += interrupted ? "; interrupted, no restart\n"
+            msg += interrupted ? std::string("; interrupted by SIG") + ::sigabbrev_np(interrupted) +
+                                     ", no restart\n"
                                : restarts > 0 ? "; no restarts left\n" : "\n";
         } else {
             char tail[64];
@@ -594,8 +630,7 @@ int run_with_restarts(const LaunchPlan& initial, int restarts, double backoff, c
             argv = argv_of(plan);
         }
     }
-    ::sigaction(SIGINT, &old_int, nullptr);
-    ::sigaction(SIGTERM, &old_term, nullptr);
+    passing.reset();
     ::unlink(record.c_str());
     ::rmdir(dir);
     return code;
@@ -622,21 +657,29 @@ void mpi_fork(int n, const ForkOptions& options) {
     auto argv = detail::c_strings(plan.argv);
     auto envp = detail::c_strings(plan.env);
     pid_t pid = 0;
+    detail::interrupted = 0;
+    detail::PassSignals passing;
     const int rc = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
     if (rc != 0)
         detail::fail("mpiml::mpi_fork",
                      "cannot start " + plan.launcher + ": " + std::strerror(rc));
+    detail::running_launcher = pid;
+    if (detail::interrupted) ::kill(pid, detail::interrupted);  // arrived while it started
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0) {
         if (errno != EINTR)
             detail::fail("mpiml::mpi_fork", std::string("waitpid: ") + std::strerror(errno));
     }
+    detail::running_launcher = 0;
     const int code = WIFEXITED(status) ? WEXITSTATUS(status)
                      : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
                                            : 1;
     std::exit(code);
 }
 
-int restart_attempt() { return detail::env_config().attempt; }
+int restart_attempt() {
+    const auto& c = detail::env_config();
+    return c.attempt + c.requeues;
+}
 
 }  // namespace mpiml

@@ -79,6 +79,12 @@ Moments moments(const T* x, std::size_t n) {
         m.max = std::max(m.max, v);
     }
     m.mean = total / static_cast<double>(n);
+    if (std::isnan(total))  // a NaN sample (or inf and -inf): min and max are NaN with a NaN, as numpy's
+        for (std::size_t i = 0; i < n; ++i)
+            if (std::isnan(static_cast<double>(x[i]))) {
+                m.min = m.max = std::numeric_limits<double>::quiet_NaN();
+                break;
+            }
 
     D2 vsq[4] = {}, vdev[4] = {};
     for (std::size_t i = 0; i < body; i += lanes)
@@ -127,8 +133,11 @@ Moments combine(const Moments& a, const Moments& b) {
         r.mean = a.mean + delta * (nb / n);
         r.m2 = a.m2 + b.m2 + delta * delta * (na * nb / n);
     }
-    r.min = std::min(a.min, b.min);
-    r.max = std::max(a.max, b.max);
+    // A NaN on either side stays (numpy's min and max propagate NaN).
+    r.min = std::isnan(a.min) || std::isnan(b.min) ? std::numeric_limits<double>::quiet_NaN()
+                                                    : std::min(a.min, b.min);
+    r.max = std::isnan(a.max) || std::isnan(b.max) ? std::numeric_limits<double>::quiet_NaN()
+                                                    : std::max(a.max, b.max);
     return r;
 }
 

@@ -26,6 +26,19 @@ TEST(CartPole, ResetIsUniformInPlusMinus005) {
     }
 }
 
+// The environment's stream is its own: seeded with s it is not the stream of
+// an engine seeded with s (the action sampler's), and it is reproducible.
+TEST(Env, SeedGivesAStreamOfItsOwn) {
+    CartPole a, b;
+    a.seed(7);
+    b.seed(7);
+    EXPECT_TRUE(a.snapshot().rng == b.snapshot().rng);
+    EXPECT_FALSE(a.snapshot().rng == std::mt19937_64(7));
+    EXPECT_EQ(a.reset(), b.reset());
+    b.seed(10007);
+    EXPECT_NE(a.reset(), b.reset());
+}
+
 TEST(CartPole, OneStepMatchesGymEuler) {
     CartPole env;
     env.reset();
