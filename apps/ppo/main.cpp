@@ -154,14 +154,16 @@ int main(int argc, char** argv) {
                    "fails; it resumes from its last checkpoint")
         ->check(cli::whole_at_least(0))
         ->capture_default_str();
-    std::vector<std::string> stop_on{"TERM", "USR2"};
+    std::vector<std::string> stop_on{"USR2"};
     app.add_option("--stop-on", stop_on,
                    "Signals that stop the run after the current epoch with a checkpoint and "
                    "exit status 75 (a batch system's warning before a time limit or a "
-                   "preemption; --resume auto continues); none: they end it at once")
+                   "preemption; --resume auto continues); none: they end it at once. With "
+                   "TERM a rank stuck in a collective (a peer failed) ends only at the "
+                   "launcher's SIGKILL")
         ->delimiter(',')
         ->check(cli::one_of({"TERM", "USR2", "HUP", "INT", "none"}))
-        ->default_str("TERM,USR2");
+        ->default_str("USR2");
     app.add_option("--stop-at-return", cfg.stop_at_return,
                    "Stop after the first epoch whose AverageEpRet reaches this value")
         ->check(cli::number_in(-HUGE_VAL, HUGE_VAL));

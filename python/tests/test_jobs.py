@@ -193,7 +193,7 @@ def test_mpi_fork_after_mpi4py_started_mpi(tmp_path, mpi4py_first):
         {}
         mt.mpi_fork(2)
         # one write: print's pieces interleave across ranks
-        sys.stdout.write("rank %d of %d %d %s\n" % (mt.proc_id(), mt.num_procs(),
+        sys.stdout.write("rank %d of %d %d %s\\n" % (mt.proc_id(), mt.num_procs(),
                          MPI.COMM_WORLD.Get_size(), os.environ.get("OMPI_MCA_mpi_show_handle_leaks")))
         sys.stdout.flush()
         """.format(*order))
@@ -503,7 +503,8 @@ SIGNALED = """
     open(os.path.join({dir!r}, "ready.%d" % mt.proc_id()), "w").close()
     while mt.mpi_sum(np.array([1 if got else 0]))[0] < 2:
         time.sleep(0.05)
-    print("rank %d got SIGUSR2" % mt.proc_id(), flush=True)
+    sys.stdout.write("rank %d got SIGUSR2\\n" % mt.proc_id())  # one write per line
+    sys.stdout.flush()
     """
 
 MPIML_RUN = os.environ.get("MPIML_RUN") or shutil.which("mpiml-run")
@@ -661,7 +662,8 @@ def test_stopped_and_continued_job_is_not_a_hang(tmp_path):
             if r == 0:
                 time.sleep(0.5)  # rank 1 waits for it in the allreduce
             mt.mpi_sum(np.ones(3))
-        print("rank %%d done" %% r, flush=True)
+        sys.stdout.write("rank %%d done\\n" %% r)  # one write per line
+        sys.stdout.flush()
         """ % str(tmp_path))
     p = subprocess.Popen(mpirun(2, PY, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=clean_env(drop=(), MPIML_TIMEOUT="2"), start_new_session=True)
@@ -704,7 +706,8 @@ STOPPING = """
         time.sleep(0.01)
         if mpiml.should_stop():
             sig = mpiml.stop_signal()
-            print("rank %d stopped at step %d on %s" % (r, step, sig.name if sig else None), flush=True)
+            sys.stdout.write("rank %d stopped at step %d on %s\\n" % (r, step, sig.name if sig else None))
+            sys.stdout.flush()
             sys.exit(mpiml.EXIT_STOPPED)
     """
 

@@ -75,11 +75,13 @@ def test_python_stacks_of_running_threads_are_read_safely():
 SIGNAL_SCRIPT = """
     import sys, time
     import mpiml
-    print("ready", flush=True)
+    sys.stdout.write("ready\\n")  # one write per line: ranks' lines never interleave
+    sys.stdout.flush()
     time.sleep(4)  # e.g. loading data, before mpiml starts MPI
     import mpiml.mpi_tools as mt
     mt.barrier()
-    print("done %d" % mt.proc_id(), flush=True)
+    sys.stdout.write("done %d\\n" % mt.proc_id())
+    sys.stdout.flush()
     """
 
 
