@@ -308,7 +308,7 @@ result $name $rc "$detail"
 
 # The job script of docs/CLUSTER.md: sbatch, requeued (scontrol requeue) once
 # it has checkpointed epoch 2; the second run resumes and reaches the bar
-# (seed 0: in epoch 13, as without the requeue).
+# (seed 0: in epoch 19, as without the requeue).
 if [ "${PPO:-1}" = 1 ]; then
   echo "-- sbatch of docs/CLUSTER.md's job script (mpiml-ppo to AverageEpRet 475), requeued mid-run"
   name=sbatch_ppo
