@@ -533,19 +533,26 @@ def _job_left(tmp_path):
     return [int(x) for x in p.stdout.split() if int(x) != os.getpid()]
 
 
-def _wait_ready(tmp_path, p, front):
+def _wait_until(ready, p, limit=60):
+    """Waits until ready() (files the job writes once it runs), or fails with
+    the job's output when it ends or limit seconds pass first."""
     t0 = time.monotonic()
-    if front == "mpiml-ppo":  # its first epochs' rows
-        while time.monotonic() - t0 < 60 and p.poll() is None:
-            if (tmp_path / "out" / "progress.txt").exists():
-                return
-            time.sleep(0.1)
-    else:
-        while time.monotonic() - t0 < 60 and p.poll() is None:
-            if all((tmp_path / ("ready.%d" % r)).exists() for r in range(2)):
-                return
-            time.sleep(0.05)
+    while time.monotonic() - t0 < limit and p.poll() is None:
+        if ready():
+            return
+        time.sleep(0.05)
     raise AssertionError("the job did not start: %s" % (p.communicate(timeout=30),))
+
+
+def _rank_files(tmp_path, stem, n=2):
+    return lambda: all((tmp_path / ("%s.%d" % (stem, r))).exists() for r in range(n))
+
+
+def _wait_ready(tmp_path, p, front):
+    if front == "mpiml-ppo":  # its first epoch's row
+        _wait_until(lambda: (tmp_path / "out" / "progress.txt").exists(), p)
+    else:
+        _wait_until(_rank_files(tmp_path, "ready"), p)
 
 
 @pytest.mark.parametrize("front", ["mpi_fork", "mpi_fork(restarts=1)", "mpiml-run"])
@@ -668,10 +675,7 @@ def test_stopped_and_continued_job_is_not_a_hang(tmp_path):
     p = subprocess.Popen(mpirun(2, PY, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=clean_env(drop=(), MPIML_TIMEOUT="2"), start_new_session=True)
     try:
-        t0 = time.monotonic()
-        while not all((tmp_path / ("pid.%d" % r)).exists() for r in range(2)):
-            assert time.monotonic() - t0 < 60 and p.poll() is None, p.communicate()
-            time.sleep(0.05)
+        _wait_until(_rank_files(tmp_path, "pid"), p)
         time.sleep(1)
         pids = [int((tmp_path / ("pid.%d" % r)).read_text()) for r in range(2)]
         for pid in pids:
@@ -723,10 +727,7 @@ def test_stop_on_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
                          start_new_session=True)
     try:
-        t0 = time.monotonic()
-        while not all((tmp_path / ("pid.%d" % r)).exists() for r in range(2)):
-            assert time.monotonic() - t0 < 60 and p.poll() is None, p.communicate()
-            time.sleep(0.05)
+        _wait_until(_rank_files(tmp_path, "pid"), p)
         time.sleep(0.5)
         os.kill(int((tmp_path / "pid.1").read_text()), signal.SIGUSR2)
         out, err = p.communicate(timeout=60)
@@ -757,11 +758,8 @@ def test_mpiml_ppo_stops_on_sigusr2_with_a_checkpoint_and_resumes(tmp_path):
     p = subprocess.Popen(cmd + ["--epochs", "1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=clean_env(), start_new_session=True)
     try:
-        t0 = time.monotonic()
         progress = out_dir / "progress.txt"
-        while not (progress.exists() and len(progress.read_text().splitlines()) >= 3):
-            assert time.monotonic() - t0 < 120 and p.poll() is None, p.communicate()
-            time.sleep(0.1)
+        _wait_until(lambda: progress.exists() and len(progress.read_text().splitlines()) >= 3, p, 120)
         p.send_signal(signal.SIGUSR2)
         out, err = p.communicate(timeout=60)
         assert p.returncode == 75, out + err
