@@ -13,7 +13,8 @@ namespace mpiml {
 /// In the parent it does not return: the process exits with the launcher's
 /// exit status. Returns at once when n <= 1 or IN_MPI is set (in the children).
 ///
-/// The launcher is $MPIML_MPIRUN if set, else mpirun or mpiexec from PATH.
+/// The launcher is $MPIML_MPIRUN if set, else the linked MPI's own launcher
+/// (mpirun.openmpi, mpiexec.mpich), else mpirun or mpiexec from PATH.
 /// $MPIML_HOSTFILE, if set, is passed as the launcher's hostfile (ranks on
 /// other hosts); $MPIML_MPIRUN_FLAGS adds launcher flags.
 /// Open MPI gets --oversubscribe when n exceeds the available cores and
@@ -58,6 +59,10 @@ LaunchPlan plan_program(int n, bool bind_to_core, const std::vector<std::string>
 /// hosts that can still be reached); returning false ends the restarts.
 int run_with_restarts(const LaunchPlan& plan, int restarts, double backoff, const char* who,
                       const std::function<bool(LaunchPlan&)>& before_restart = {});
+/// Runs plan once and returns its exit status (128 + N for signal N),
+/// passing SIGTERM, SIGHUP, SIGUSR1, SIGUSR2 and SIGINT sent by kill on to
+/// the launcher while it runs; `who` names the caller in its errors.
+int run_once(const LaunchPlan& plan, const char* who);
 
 /// A hostfile's hosts and slots (Open MPI "h slots=2" or MPICH "h:2" lines).
 struct HostSlots {

@@ -57,46 +57,19 @@ def mpi_fork(n, bind_to_core=False, restarts=0, backoff=1.0):
     if n <= 1 or _core.started_by_launcher():
         return
     orig = list(getattr(sys, "orig_argv", [sys.executable] + sys.argv))
-    program = [sys.executable] + orig[1:]
+    # bytes: arguments that are not UTF-8 pass unchanged
+    program = [os.fsencode(a) for a in [sys.executable] + orig[1:]]
     sys.stdout.flush()
     sys.stderr.flush()
     # Open MPI settings the program made: os.environ never holds the ones an
     # MPI started in this process set (mpi4py imported first), so these pass.
     user = [k + "=" + v for k, v in os.environ.items() if k.startswith("OMPI_MCA_")]
+    # Signals sent to this process alone (SIGTERM, SIGHUP, SIGUSR1, SIGUSR2,
+    # SIGINT by kill) are passed on to the launcher while the job runs.
     if int(restarts) > 0:
         sys.exit(_core.run_with_restarts(int(n), bool(bind_to_core), program, int(restarts),
                                          float(backoff), user))
-    argv, env = _core.plan_fork(int(n), bool(bind_to_core), user)
-    # The plan ends with this process's own command line (/proc/self/cmdline).
-    first = len(argv) - len(orig)
-    argv = argv[:first] + [os.fsencode(a) for a in program]
-    child_env = {}
-    for kv in env:
-        k, _, v = kv.partition(b"=")
-        child_env[k] = v
-    import signal
-    import subprocess
-    p = subprocess.Popen(argv, env=child_env)
-
-    # Signals sent to this process alone reach the job: the launcher ends it
-    # (SIGTERM, SIGHUP) or hands them to the ranks (SIGUSR1: a report; SIGUSR2).
-    def pass_on(sig, _frame):
-        if p.poll() is None:
-            p.send_signal(sig)
-
-    passed = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-    previous = {sig: signal.signal(sig, pass_on) for sig in passed}
-    try:
-        while True:
-            try:
-                rc = p.wait()
-                break
-            except KeyboardInterrupt:
-                continue  # the launcher got the Ctrl-C too and ends the ranks
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    sys.exit(128 - rc if rc < 0 else rc)
+    sys.exit(_core.run_once(int(n), bool(bind_to_core), program, user))
 
 
 def restart_attempt():

@@ -639,6 +639,14 @@ PYBIND11_MODULE(_core, m) {
         return detail::run_with_restarts(plan, restarts, backoff, "mpi_fork");
     }, py::arg("n"), py::arg("bind_to_core"), py::arg("program"), py::arg("restarts"),
        py::arg("backoff"), py::arg("user") = std::vector<std::string>{});
+    // mpi_fork without restarts: runs program on n ranks once, returns the job's status.
+    m.def("run_once", [with_user](int n, bool bind_to_core, const std::vector<std::string>& program,
+                                  const std::vector<std::string>& user) {
+        const auto plan = with_user(detail::plan_program(n, bind_to_core, program), user);
+        py::gil_scoped_release nogil;
+        return detail::run_once(plan, "mpi_fork");
+    }, py::arg("n"), py::arg("bind_to_core"), py::arg("program"),
+       py::arg("user") = std::vector<std::string>{});
     m.def("started_by_launcher", [] { return detail::started_by_launcher(); });
     m.def("restart_attempt", [] { return restart_attempt(); },
           "0 on a job's first run, k on its k-th restart (MPIML_ATTEMPT)");

@@ -578,12 +578,12 @@ def test_sigusr1_and_sigusr2_to_the_front_process_reach_the_ranks(tmp_path, fron
             p.wait()
 
 
-@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
 @pytest.mark.parametrize("front", ["mpi_fork", "mpi_fork(restarts=1)", "mpiml-run", "mpiml-ppo"])
 def test_sigterm_to_the_front_process_ends_the_whole_job(tmp_path, front, sig):
-    """A SIGTERM or SIGHUP sent to the process the user started (a batch
-    system's, or kill) ends every rank, with no restart: nothing is left
-    running (before, the ranks and mpirun went on without it)."""
+    """A SIGTERM, SIGHUP or SIGINT sent to the process the user started (a
+    batch system's, or kill) ends every rank, with no restart: nothing is left
+    running (the ranks and mpirun would go on without it)."""
     p = subprocess.Popen(_front(front, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=clean_env(), start_new_session=True)
     try:

@@ -638,6 +638,28 @@ int run_with_restarts(const LaunchPlan& initial, int restarts, double backoff, c
 
 bool started_by_launcher() { return launched_by_mpi_fork() || initial_env_was_launched(); }
 
+int run_once(const LaunchPlan& plan, const char* who) {
+    std::vector<std::string> args = plan.argv, vars = plan.env;
+    auto argv = c_strings(args);
+    auto envp = c_strings(vars);
+    pid_t pid = 0;
+    interrupted = 0;
+    PassSignals passing;
+    const int rc = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
+    if (rc != 0) fail(who, "cannot start " + plan.launcher + ": " + std::strerror(rc));
+    running_launcher = pid;
+    if (interrupted) ::kill(pid, interrupted);  // arrived while it started
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR) {
+            running_launcher = 0;
+            fail(who, std::string("waitpid: ") + std::strerror(errno));
+        }
+    }
+    running_launcher = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+}
+
 }  // namespace detail
 
 void mpi_fork(int n, bool bind_to_core) { mpi_fork(n, ForkOptions{bind_to_core, 0, 1.0}); }
@@ -654,27 +676,7 @@ void mpi_fork(int n, const ForkOptions& options) {
     std::fflush(nullptr);
     if (options.restarts > 0)
         std::exit(detail::run_with_restarts(plan, options.restarts, options.backoff, "mpiml::mpi_fork"));
-    auto argv = detail::c_strings(plan.argv);
-    auto envp = detail::c_strings(plan.env);
-    pid_t pid = 0;
-    detail::interrupted = 0;
-    detail::PassSignals passing;
-    const int rc = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
-    if (rc != 0)
-        detail::fail("mpiml::mpi_fork",
-                     "cannot start " + plan.launcher + ": " + std::strerror(rc));
-    detail::running_launcher = pid;
-    if (detail::interrupted) ::kill(pid, detail::interrupted);  // arrived while it started
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0) {
-        if (errno != EINTR)
-            detail::fail("mpiml::mpi_fork", std::string("waitpid: ") + std::strerror(errno));
-    }
-    detail::running_launcher = 0;
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status)
-                     : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
-                                           : 1;
-    std::exit(code);
+    std::exit(detail::run_once(plan, "mpiml::mpi_fork"));
 }
 
 int restart_attempt() {
