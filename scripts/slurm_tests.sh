@@ -307,10 +307,14 @@ again $name "$log/$name.log" names_the_task
 result $name $rc "$detail"
 
 # The job script of docs/CLUSTER.md: sbatch, requeued (scontrol requeue) once
-# it has checkpointed epoch 2; the second run resumes and reaches the bar
-# (seed 0: in epoch 19, as without the requeue).
+# it has checkpointed epoch 2; the second run resumes, and once it has
+# checkpointed epoch 4 gets the time limit's warning (SIGUSR2 to the step's
+# tasks, as --signal=USR2@120 sends it): every rank stops after the same
+# epoch with a checkpoint, status 75, and the script requeues itself; the
+# third run resumes from that epoch and reaches the bar (seed 0: in epoch 19,
+# as without the requeues).
 if [ "${PPO:-1}" = 1 ]; then
-  echo "-- sbatch of docs/CLUSTER.md's job script (mpiml-ppo to AverageEpRet 475), requeued mid-run"
+  echo "-- sbatch of docs/CLUSTER.md's job script (mpiml-ppo to AverageEpRet 475), requeued mid-run, stopped by the time limit's signal"
   name=sbatch_ppo
   sbatch_ppo() {
   t0=$(date +%s.%N)
@@ -320,18 +324,28 @@ if [ "${PPO:-1}" = 1 ]; then
   rc=0
   jid=$(cd "$log/job" && sl sbatch --parsable ppo.sh) || rc=1
   out=$log/job/ppo-$jid
-  ckpt() { compgen -G "$out/checkpoints/step-0000000[2-9]" > /dev/null; }  # epoch 2 or later saved
-  for _ in $(seq 600); do ckpt && break; sleep 0.5; done
-  ckpt || rc=1
-  sl scontrol requeue "$jid" > "$log/$name.log" 2>&1 || rc=1
+  ckpt() { compgen -G "$out/checkpoints/step-0000000[$1-9]" > /dev/null; }  # epoch $1 or later saved
   # a requeued job, once back in the queue, waits about 2 minutes before it
   # may start again: in 2 s (one started within the second of the requeue is
   # refused by slurmd, "Job credential revoked")
-  for _ in $(seq 60); do [ "$(sl squeue -h -j "$jid" -o "%T %r")" = "PENDING BeginTime" ] && break; sleep 0.5; done
-  sl scontrol update JobId="$jid" StartTime=now+2 >> "$log/$name.log" 2>&1 || rc=1
+  soon() {
+    for _ in $(seq 60); do [ "$(sl squeue -h -j "$jid" -o "%T %r")" = "PENDING BeginTime" ] && break; sleep 0.5; done
+    sl scontrol update JobId="$jid" StartTime=now+2 >> "$log/$name.log" 2>&1 || rc=1
+  }
+  for _ in $(seq 600); do ckpt 2 && break; sleep 0.5; done
+  ckpt 2 || rc=1
+  sl scontrol requeue "$jid" > "$log/$name.log" 2>&1 || rc=1
+  soon
+  for _ in $(seq 600); do grep -q "^mpiml-ppo: resuming from" "$log/job/ppo-$jid.out" && ckpt 4 && break; sleep 0.5; done
+  ckpt 4 || rc=1
+  sl scancel -s USR2 "$jid" >> "$log/$name.log" 2>&1 || rc=1
+  soon
   wait_job "$jid" 600 >> "$log/$name.log" || rc=1
   state=$(sl squeue -h -j "$jid" -t all -o "%T %r" 2>&1)
   cat "$log/job/ppo-$jid.out" >> "$log/$name.log"
+  # the epoch the ranks stopped after is the one the third run resumes from
+  stopped=$(sed -nE 's/^mpiml-ppo: stopping after epoch ([0-9]+) on request \(SIGUSR2 on rank 0\).*/\1/p' "$log/$name.log")
+  [ -n "$stopped" ] && grep -Eq "^mpiml-ppo: resuming from .*step-0*$stopped \(epoch $stopped, saved by 4 ranks\)" "$log/$name.log" || rc=1
   best=$(awk -F'\t' 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
     $c["AverageEpRet"] != "nan" && $c["AverageEpRet"] + 0 > b + 0 { b = $c["AverageEpRet"] } END { print b + 0 }' \
     "$out/progress.txt" 2> /dev/null)
@@ -340,7 +354,7 @@ if [ "${PPO:-1}" = 1 ]; then
     grep -q "^Reached AverageEpRet >= 475 in epoch" "$log/$name.log" &&
     awk -v b="${best:-0}" 'BEGIN { exit !(b >= 475) }' && [ "$lanes" = "2 h1 2 h2" ] || rc=1
   settled >> "$log/$name.log" || rc=1
-  detail="(job $jid ${state:-gone}; best AverageEpRet ${best:-none}, ranks per host ${lanes:-none}, $(secs "$t0") s)"
+  detail="(job $jid ${state:-gone}; stopped after epoch ${stopped:-none}; best AverageEpRet ${best:-none}, ranks per host ${lanes:-none}, $(secs "$t0") s)"
   }
   again $name "$log/$name.log" sbatch_ppo
   result $name $rc "$detail"
