@@ -108,12 +108,13 @@ def test_failure_on_the_communication_thread_names_the_rank():
     (p * 2).sum().backward()
     with pytest.raises(mpiml.Error, match=r"on rank %d/%d: .*different" % (RANK, SIZE)):
         avg()
+    del avg  # one averager with overlap per communicator at a time
     p2 = nn.Parameter(torch.ones(4))
     avg2 = mp.GradAverager([p2], overlap=True, overlap_on_one_node=True)
     (p2 * RANK).sum().backward()
     avg2()  # a new averager works everywhere
     torch.testing.assert_close(p2.grad, torch.full((4,), (SIZE - 1) / 2))
-    del avg, avg2
+    del avg2
 
 
 def test_overlap_stats_show_where_the_averaging_went():
@@ -217,3 +218,181 @@ def test_bucket_plan_is_rebuilt_in_rank_0s_order():
     assert MPI.COMM_WORLD.allgather(plan) == [plan] * SIZE
     assert set(plan[0]) <= {0, 1}, plan  # rank 0's order, on every rank
     del avg
+
+
+@pytest.mark.parametrize("a_first", [True, False])
+def test_two_averagers_with_overlap_on_a_communicator_average_at_the_call(a_first):
+    # An actor and a critic, one backward() over both: two communication
+    # threads would start their collectives in an order that differs from
+    # rank to rank (mismatched collectives, a hang or a crash). Beside another
+    # one an averager averages at the call, in the program's order, with the
+    # same bits as without overlap; alone again, it overlaps.
+    def pair():
+        torch.manual_seed(5)
+        return nn.Sequential(nn.Linear(8, 32), nn.Linear(32, 1)), nn.Sequential(nn.Linear(8, 32), nn.Linear(32, 1))
+    (a, b), (ra, rb) = pair(), pair()
+    kw = dict(overlap=True, overlap_on_one_node=True, bucket_cap_mb=1024 / 2**20)
+    avg_a, avg_b = mp.GradAverager(a, **kw), mp.GradAverager(b, **kw)
+    ref_a, ref_b = mp.GradAverager(ra), mp.GradAverager(rb)
+    torch.manual_seed(20 + RANK)
+    for step in range(3):
+        x = torch.randn(6, 8)
+        for m in (a, b, ra, rb):
+            m.zero_grad()
+        (a(x).square().sum() + b(x).abs().sum()).backward()
+        (ra(x).square().sum() + rb(x).abs().sum()).backward()
+        for avg in ((avg_a, avg_b) if a_first else (avg_b, avg_a)):
+            avg()
+        ref_a(), ref_b()
+        for p, q in zip(list(a.parameters()) + list(b.parameters()),
+                        list(ra.parameters()) + list(rb.parameters())):
+            assert torch.equal(p.grad, q.grad), step
+    assert avg_a.overlap_stats()["hidden_s"] == 0 and avg_b.overlap_stats()["hidden_s"] == 0
+    del avg, avg_b  # alone again: overlaps
+    a.zero_grad()
+    a(torch.randn(6, 8)).square().sum().backward()
+    time.sleep(0.2)
+    avg_a()
+    assert avg_a.overlap_stats()["hidden_s"] > 0
+    del avg_a, ref_a, ref_b
+
+
+@pytest.mark.parametrize("as_view", [False, True])
+def test_backward_under_no_sync_after_the_step_began_is_an_error(as_view):
+    # The gradients were averaging already: accumulating into them now would
+    # leave the ranks with different parameters, silently.
+    net = nn.Linear(4, 4)
+    avg = mp.GradAverager(net, overlap=True, overlap_on_one_node=True, gradient_as_bucket_view=as_view)
+    for _ in range(2):
+        net(torch.ones(1, 4)).sum().backward()
+        avg()
+    net.zero_grad()
+    net(torch.ones(1, 4)).sum().backward()
+    with avg.no_sync():
+        net(torch.ones(1, 4)).sum().backward()
+    with pytest.raises(mpiml.ArgumentError, match=r"on rank %d/%d: parameter #\d+ got a gradient under "
+                       r"no_sync\(\) after a backward\(\) outside it" % (RANK, SIZE)):
+        avg()
+    net.zero_grad()  # the averager goes on
+    with avg.no_sync():
+        net(torch.ones(1, 4)).sum().backward()
+    (net(torch.ones(1, 4)) * (RANK + 1)).sum().backward()
+    avg()
+    torch.testing.assert_close(net.bias.grad, torch.full((4,), 1 + (SIZE + 1) / 2))
+    del avg
+
+
+class Sparse(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.emb = nn.Embedding(10, 3, sparse=True)
+        self.out = nn.Linear(3, 1)
+
+    def forward(self, idx):
+        return self.out(self.emb(idx)).sum()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_sparse_gradients_with_bucket_views_stay_sparse_and_equal(overlap):
+    # A sparse gradient has no memory of its own to view: it is averaged as
+    # without views (it stays sparse, for SparseAdam), in every step, and the
+    # averager's release leaves it alone.
+    nets = [Sparse(), Sparse()]
+    avgs = [mp.GradAverager(nets[0], gradient_as_bucket_view=True, overlap=overlap,
+                            overlap_on_one_node=True),
+            mp.GradAverager(nets[1])]
+    for step in range(3):
+        idx = torch.tensor([RANK, RANK + step, 7])
+        for net, avg in zip(nets, avgs):
+            net.zero_grad(set_to_none=True)
+            net(idx).backward()
+            avg()
+        g, ref = nets[0].emb.weight.grad, nets[1].emb.weight.grad
+        assert g.layout == torch.sparse_coo, g.layout
+        assert torch.equal(g.to_dense(), ref.to_dense()), step
+        assert torch.equal(nets[0].out.weight.grad, nets[1].out.weight.grad), step
+    del avgs
+    assert nets[0].emb.weight.grad.layout == torch.sparse_coo
+
+
+@pytest.mark.parametrize("look", [False, True])
+def test_deleted_mid_step_after_python_read_the_gradients(look):
+    # Destroyed between backward() and the call it first ends the step, on the
+    # caller's thread; a gradient Python has seen needs the GIL to be freed,
+    # which the communication thread must not wait for (it hung the job).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+    avg = mp.GradAverager(model, overlap=True, overlap_on_one_node=True, gradient_as_bucket_view=True,
+                          bucket_cap_mb=8 * 1024 / 2**20)
+    for _ in range(3):
+        model.zero_grad()
+        model(torch.randn(8, 64)).square().sum().backward()
+        avg()
+    model.zero_grad(set_to_none=True)
+    if RANK == 1:
+        time.sleep(0.5)
+    model(torch.randn(8, 64)).square().sum().backward()
+    if look:
+        assert all(p.grad.norm().item() >= 0 for p in model.parameters())
+    del avg
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_every_path_averages_to_the_same_bits():
+    # The division by the rank count: one rule on every path (multiplication
+    # by 1/n only where n is a power of two, where it is the same), so views,
+    # overlap and the free function agree bit for bit at any rank count.
+    torch.manual_seed(11)
+    shapes = [(33, 17), (17,), (5, 5), (1000,)]
+    grads = [torch.randn(s, dtype=torch.float32) * (RANK + 1.37) for s in shapes]
+    grads.append(torch.randn(7, dtype=torch.float64) * (RANK + 0.91))
+
+    def fresh():
+        ps = [nn.Parameter(torch.zeros_like(g)) for g in grads]
+        for p, g in zip(ps, grads):
+            p.grad = g.clone()
+        return ps
+
+    results = []
+    for opts in [{}, {"gradient_as_bucket_view": True},
+                 {"overlap": True, "overlap_on_one_node": True},
+                 {"overlap": True, "overlap_on_one_node": True, "gradient_as_bucket_view": True}]:
+        ps = fresh()
+        avg = mp.GradAverager(ps, **opts)
+        for _ in range(2):  # views: in the buckets from the second step on
+            for p, g in zip(ps, grads):
+                p.grad = None if opts.get("overlap") else g.clone()
+            if opts.get("overlap"):  # the hooks fire in backward(): the gradients made there
+                sum((p * g).sum() for p, g in zip(ps, grads)).backward()
+            avg()
+        results.append([p.grad.clone() for p in ps])
+        del avg
+    ps = fresh()
+    mp.mpi_avg_grads(ps)
+    results.append([p.grad.clone() for p in ps])
+    for k, r in enumerate(results[1:], 1):
+        for a, b in zip(results[0], r):
+            assert torch.equal(a, b), k
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_gradient_kept_past_the_averager_stays_valid(overlap):
+    # With gradient_as_bucket_view the gradients view the averager's buckets;
+    # one the program kept (rank 0 only here) keeps its bucket alive, on
+    # every rank, until mpiml's finalize (the windows are freed collectively).
+    torch.manual_seed(0)
+    model = nn.Linear(256, 256)
+    avg = mp.GradAverager(model, overlap=overlap, overlap_on_one_node=True, gradient_as_bucket_view=True)
+    for _ in range(3):
+        model.zero_grad()
+        model(torch.ones(4, 256)).sum().backward()
+        avg()
+    kept = model.weight.grad if RANK == 0 else None
+    want = torch.full((256, 256), 4.0)
+    del avg
+    junk = [torch.full((256, 256), -1.0) for _ in range(50)]  # reuse of freed memory would show
+    if kept is not None:
+        assert torch.equal(kept, want)
+    assert torch.equal(model.weight.grad, want)
+    del junk

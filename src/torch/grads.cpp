@@ -58,21 +58,25 @@ struct real_type<c10::complex<R>> {
     using type = R;
 };
 
-/// d = s * scale, converted to T. Multiplying by 1/ranks instead of dividing:
-/// divps/divpd made this loop the bottleneck; exact when ranks is a power of two,
-/// otherwise within one more rounding of the quotient.
+/// d = s / ranks, converted to T. The core's rule, so that every path gives
+/// the same bits: a multiplication by 1/ranks when ranks is a power of two
+/// (the same result, without divps/divpd, which made this loop the
+/// bottleneck), a division otherwise.
 template <class W, class T>
-void from_wire_scaled(const void* src, void* dst, std::size_t n,
-                      typename real_type<W>::type scale) {
+void from_wire_scaled(const void* src, void* dst, std::size_t n, int ranks) {
+    using R = typename real_type<W>::type;
     const W* s = static_cast<const W*>(src);
     T* d = static_cast<T*>(dst);
-    for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<T>(s[i] * scale);
+    const R r = static_cast<R>(ranks);
+    if ((ranks & (ranks - 1)) == 0)
+        for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<T>(s[i] * (R(1) / r));
+    else
+        for (std::size_t i = 0; i < n; ++i) d[i] = static_cast<T>(s[i] / r);
 }
 
 template <class W>
-void scale_in_place(void* data, std::size_t n, typename real_type<W>::type scale) {
-    W* d = static_cast<W*>(data);
-    for (std::size_t i = 0; i < n; ++i) d[i] *= scale;
+void scale_in_place(void* data, std::size_t n, int ranks) {
+    from_wire_scaled<W, W>(data, data, n, ranks);
 }
 
 /// Packs the plain tensor t (dtype s) into dst as its wire type.
@@ -88,8 +92,7 @@ void unpack_plain_avg(const void* src, const at::Tensor& t, int ranks) {
     void* dst = t.data_ptr();
     const auto n = static_cast<std::size_t>(t.numel());
     const bool ok = with_grad_dtype(t.scalar_type(), [&]<class W, class T>() {
-        using R = typename real_type<W>::type;
-        from_wire_scaled<W, T>(src, dst, n, R(1) / static_cast<R>(ranks));
+        from_wire_scaled<W, T>(src, dst, n, ranks);
     });
     if (!ok)
         detail::fail("mpiml::mpi_avg_grads", "internal error: unpack_plain_avg got dtype " + dtype_name(t.scalar_type()));
@@ -100,8 +103,7 @@ void average_in_place(at::ScalarType s, void* data, std::size_t n, int ranks) {
     bool done = false;
     with_grad_dtype(s, [&]<class W, class T>() {
         if constexpr (std::is_same_v<W, T>) {  // stored as summed: no half types
-            using R = typename real_type<W>::type;
-            scale_in_place<W>(data, n, R(1) / static_cast<R>(ranks));
+            scale_in_place<W>(data, n, ranks);
             done = true;
         }
     });
@@ -367,7 +369,7 @@ struct ViewBucket {
     Wire wire;
     std::vector<ViewEntry> entries;
     std::size_t payload = 0;  // elements, padding included, flags excluded
-    std::unique_ptr<SharedBucket> mem;
+    std::shared_ptr<SharedBucket> mem;  // also held by the gradients viewing it
 };
 
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
@@ -382,6 +384,46 @@ struct ViewState {
     std::vector<char> unplanned;             // run_views' scratch: not as planned
 };
 
+/// A gradient viewing a bucket's memory at data; its storage holds `keep`
+/// (the bucket), so a reference to it outlives the averager safely.
+at::Tensor view_of(void* data, const at::Tensor& param, std::shared_ptr<void> keep) {
+    return at::from_blob(data, param.sizes(), [keep = std::move(keep)](void*) {}, param.options());
+}
+
+/// Whether a gradient still views one of these buckets (a reference the
+/// program kept) on some rank of comm: then every rank keeps the buckets
+/// until mpiml's finalize, which frees their shared windows; else they are
+/// freed now. Collective (at a destruction or a new plan, alike on every
+/// rank), but not while an exception unwinds this rank (a failure: the other
+/// ranks are not destroying theirs, and the job ends).
+void free_or_keep(std::vector<std::shared_ptr<void>> mems, MPI_Comm comm, const char* call) {
+    if (mems.empty() || is_finalized()) return;  // finalize freed the windows
+    int viewed = std::any_of(mems.begin(), mems.end(), [](const auto& m) { return m.use_count() > 1; });
+    if (std::uncaught_exceptions() > 0) {
+        viewed = 1;
+    } else {
+        try {
+            detail::allreduce(MPI_IN_PLACE, &viewed, 1, MPI_INT, TypeClass::integer, Op::max, comm, call);
+        } catch (const std::exception&) {  // the communicator is gone: finalize frees them
+            viewed = 1;
+        }
+    }
+    if (!viewed) return;  // freed here, as mems goes
+    static std::mutex m;
+    static auto* kept = new std::vector<std::shared_ptr<void>>;  // never destroyed: finalize frees the windows
+    std::lock_guard lk(m);
+    for (auto& p : mems) kept->push_back(std::move(p));
+}
+
+/// The averaged gradient v (a view of a bucket) in the layout of the
+/// gradient it replaces: a sparse gradient stays sparse (SparseAdam), over
+/// the rows any rank had; another layout gets memory of its own.
+at::Tensor as_its_layout(at::Tensor v, const at::Tensor& was) {
+    if (!was.defined() || was.layout() == at::kStrided) return v;
+    if (was.layout() == at::kSparse) return v.to_sparse(was.sparse_dim());
+    return v.clone();
+}
+
 /// Gradients still viewing st's buckets get their own memory back, and the
 /// buckets are freed (collective: every rank releases the same plan).
 void release_views(ViewState& st) {
@@ -390,7 +432,7 @@ void release_views(ViewState& st) {
         if (!impl) continue;
         const at::Tensor p(std::move(impl));
         const at::Tensor& g = p.grad();
-        if (!g.defined()) continue;
+        if (!g.defined() || g.layout() != at::kStrided) continue;  // a sparse one is its own
         const auto* d = static_cast<const std::byte*>(g.data_ptr());
         for (const auto& b : st.buckets) {
             const auto* lo = static_cast<const std::byte*>(b.mem->data());
@@ -399,6 +441,11 @@ void release_views(ViewState& st) {
                 break;
             }
         }
+    }
+    if (!st.buckets.empty()) {
+        std::vector<std::shared_ptr<void>> mems;
+        for (auto& b : st.buckets) mems.push_back(std::move(b.mem));
+        free_or_keep(std::move(mems), st.comm, "mpiml::GradAverager");
     }
     st.buckets.clear();
     st.params.clear();
@@ -443,7 +490,7 @@ void plan_views(ViewState& st, const std::vector<at::Tensor>& params, std::size_
         }
     }
     for (auto& b : st.buckets) {
-        b.mem = std::make_unique<SharedBucket>((b.payload + b.entries.size()) * b.wire.size,
+        b.mem = std::make_shared<SharedBucket>((b.payload + b.entries.size()) * b.wire.size,
                                                Comm(comm));
         std::memset(b.mem->data(), 0, b.mem->size_bytes());
     }
@@ -494,8 +541,7 @@ void run_views(ViewState& st, const std::vector<at::Tensor>& params, const char*
                 continue;
             }
             bool defined = g.defined();
-            if (defined && g.data_ptr() == dst && plain(g, p.scalar_type()) &&
-                g.sizes() == p.sizes()) {
+            if (plain(g, p.scalar_type()) && g.data_ptr() == dst && g.sizes() == p.sizes()) {
                 in_place[k] = g.unsafeGetTensorImpl();  // nothing to pack
             } else if (defined) {
                 try {
@@ -524,8 +570,7 @@ void run_views(ViewState& st, const std::vector<at::Tensor>& params, const char*
             if (in_place[k]) {
                 bump_version(in_place[k]);
             } else if (flag_value(b.wire, flags + k * es) != 0.0) {
-                p.mutable_grad() =
-                    at::from_blob(base + b.entries[k].offset * es, p.sizes(), p.options());
+                p.mutable_grad() = as_its_layout(view_of(base + b.entries[k].offset * es, p, b.mem), p.grad());
             }
         }
     }
@@ -667,8 +712,8 @@ std::byte* fused_segment(GradState& st, MPI_Comm comm) {
 /// Whether e's gradient is already a plain view of its place at dst.
 bool grad_in_place(const GradEntry& e, const std::byte* dst) {
     const at::Tensor& g = e.param.grad();
-    return g.defined() && g.data_ptr() == dst && e.param.scalar_type() == e.scalar &&
-           e.wire.scalar == e.scalar && plain(g, e.scalar) &&
+    return plain(g, e.scalar) && g.data_ptr() == dst && e.param.scalar_type() == e.scalar &&
+           e.wire.scalar == e.scalar &&
            e.param.numel() == static_cast<std::int64_t>(e.numel) &&
            g.numel() == static_cast<std::int64_t>(e.numel);
 }
@@ -705,7 +750,8 @@ void run_direct(GradEntry& e, const Bucket& b, std::byte* buf, MPI_Comm comm, in
 /// after them (and, in the carrier bucket, the direct buckets' flags), one
 /// allreduce, unpacked where some rank had a gradient.
 void run_fused(GradState& st, const Bucket& b, std::byte* base, MPI_Comm comm,
-               int size, const char* call, Deferred& defer, bool as_views = false) {
+               int size, const char* call, Deferred& defer, std::shared_ptr<void> views_of = {}) {
+    const bool as_views = views_of != nullptr;
     const std::size_t es = b.wire.size;
     const auto& direct_entry = [&](std::size_t d) -> GradEntry& {
         return st.entries[st.order[st.buckets[st.direct[d]].first]];
@@ -746,7 +792,8 @@ void run_fused(GradState& st, const Bucket& b, std::byte* base, MPI_Comm comm,
                 if (as_views && view_eligible(e.param)) {  // the gradient becomes (or stays) a view
                     average_in_place(e.wire.scalar, at, e.numel, size);
                     if (grad_in_place(e, at)) bump_version(e.param.grad());
-                    else e.param.mutable_grad() = at::from_blob(at, e.param.sizes(), e.param.options());
+                    else
+                        e.param.mutable_grad() = as_its_layout(view_of(at, e.param, views_of), e.param.grad());
                 } else {
                     unpack_grad(e, at, size);
                 }
@@ -930,11 +977,30 @@ struct OrderedSums {
 /// final here or, at the latest, once the call after backward() says no more
 /// are coming (a gradient this rank did not get counts as zeros). While a
 /// step is under way only the communication thread calls MPI.
+/// The communicators of this process's averagers with overlap.
+std::mutex overlaps_mutex;
+std::vector<MPI_Comm> overlaps_alive;
+
+/// Whether the averager on comm is the only one with overlap on it (with
+/// MPI_THREAD_MULTIPLE; else the only one in this process). Two
+/// communication threads would start their collectives in an order that
+/// differs from rank to rank, so beside another one an averager averages
+/// at the call, in the program's order. Changes only at construction and
+/// destruction (collective, between steps).
+bool overlap_alone(MPI_Comm comm, bool thread_multiple) {
+    std::lock_guard lk(overlaps_mutex);
+    if (!thread_multiple) return overlaps_alive.size() <= 1;
+    return std::count(overlaps_alive.begin(), overlaps_alive.end(), comm) <= 1;
+}
+
 class Overlap {
 public:
     Overlap(GradState& st, MPI_Comm comm, int size, bool quiet, std::size_t cap, bool views)
         : st_(st), comm_(comm), size_(size), quiet_(quiet), cap_(cap), views_(views),
           site_(detail::current_site()) {
+        int provided = MPI_THREAD_SINGLE;
+        MPI_Query_thread(&provided);
+        multiple_ = provided >= MPI_THREAD_MULTIPLE;
         const std::size_t n = st_.entries.size();
         fired_.assign(n, 0);
         slot_.resize(n);
@@ -951,6 +1017,8 @@ public:
             hooks_.push_back({std::move(acc), key});
         }
         if (!st_.buckets.empty()) thread_ = std::thread([this] { loop(); });
+        std::lock_guard lk(overlaps_mutex);
+        overlaps_alive.push_back(comm_);
     }
 
     ~Overlap() {
@@ -973,6 +1041,8 @@ public:
         wake_.notify_all();
         if (thread_.joinable()) thread_.join();
         release_memory();
+        std::lock_guard lk(overlaps_mutex);
+        overlaps_alive.erase(std::find(overlaps_alive.begin(), overlaps_alive.end(), comm_));
     }
 
     Overlap(const Overlap&) = delete;
@@ -994,11 +1064,19 @@ public:
         const std::exception_ptr failure = std::exchange(failure_, nullptr);
         const std::string local = std::exchange(defer_.what, {});
         const std::size_t again = std::exchange(again_, SIZE_MAX);
+        const bool again_no_sync = std::exchange(again_no_sync_, false);
         const std::size_t again_param = again == SIZE_MAX ? 0 : st_.entries[again].index;
+        std::vector<at::Tensor> kept = std::move(keep_);  // released below, on this thread
+        keep_.clear();
         if (!rebuilt_ && rebuild_plan) rebuild(call);  // the communication thread is idle
         lk.unlock();
         if (failure) std::rethrow_exception(failure);
         if (!local.empty()) detail::fail(call, local);
+        if (again != SIZE_MAX && again_no_sync)
+            detail::fail(call, "parameter #" + std::to_string(again_param) +
+                                   " got a gradient under no_sync() after a backward() outside "
+                                   "it, before the call (its average was under way): run the "
+                                   "no_sync() passes first, then the one outside it, then the call");
         if (again != SIZE_MAX)
             detail::fail(call, "parameter #" + std::to_string(again_param) +
                                    " got a gradient twice in one step (two backward() passes "
@@ -1097,12 +1175,13 @@ private:
         st_.largest = st_.largest_fused = plan_overlap_buckets(st_, cap_);
         reset_pending();
         if (views_) {  // from now on each bucket has memory of its own, the gradients' home
-            std::vector<BucketMemory> mem(st_.buckets.size());
+            std::vector<std::shared_ptr<BucketMemory>> mem(st_.buckets.size());
             for (std::size_t b = 0; b < mem.size(); ++b) {
                 const Bucket& bk = st_.buckets[b];
                 const std::size_t bytes = (bk.payload + bk.flags) * bk.wire.size;
-                mem[b].shared = detail::collective_memory(bytes, comm_, call);
-                if (!mem[b].shared) mem[b].own.resize(bytes);
+                mem[b] = std::make_shared<BucketMemory>();
+                mem[b]->shared = detail::collective_memory(bytes, comm_, call);
+                if (!mem[b]->shared) mem[b]->own.resize(bytes);
             }
             memory_ = std::move(mem);  // all or none
         }
@@ -1114,22 +1193,28 @@ private:
         if (memory_.empty()) return;
         for (GradEntry& e : st_.entries) {
             const at::Tensor& g = e.param.grad();
-            if (!g.defined()) continue;
+            if (!g.defined() || g.layout() != at::kStrided) continue;  // a sparse one is its own
             const auto* d = static_cast<const std::byte*>(g.data_ptr());
-            for (BucketMemory& m : memory_)
-                if (d >= m.data() && d < m.data() + m.size()) {
+            for (auto& m : memory_)
+                if (d >= m->data() && d < m->data() + m->size()) {
                     e.param.mutable_grad() = g.clone();
                     break;
                 }
         }
+        std::vector<std::shared_ptr<void>> mems;
+        for (auto& m : memory_) mems.push_back(std::move(m));
         memory_.clear();
+        free_or_keep(std::move(mems), comm_, kAveragerCall);
     }
 
     /// A gradient is final (the autograd thread, after accumulating it).
     void ready(std::size_t hooked) {
         std::lock_guard lk(m_);
-        if (!sync_) return;
         const std::size_t entry = slot_[hooked];
+        if (!sync_) {  // accumulating; after a backward() outside no_sync(), before the call: too late
+            if (fired_[entry] && again_ == SIZE_MAX) again_ = entry, again_no_sync_ = true;
+            return;
+        }
         if (!rebuilt_ && !fired_[entry]) observed_.push_back(entry);
         if (fired_[entry]) {
             if (again_ == SIZE_MAX) again_ = entry;
@@ -1147,7 +1232,8 @@ private:
         std::unique_lock lk(m_);
         for (;;) {
             wake_.wait(lk, [&] {
-                return stop_ || (next_ < st_.buckets.size() && (finishing_ || pending_[next_] == 0));
+                return stop_ || (next_ < st_.buckets.size() &&
+                                 (finishing_ || (pending_[next_] == 0 && overlap_alone(comm_, multiple_))));
             });
             if (stop_) return;
             const std::size_t b = next_;
@@ -1180,9 +1266,10 @@ private:
         for (std::size_t k = 0; k < bk.entries; ++k) {
             GradEntry& e = st_.entries[st_.order[bk.first + k]];
             e.defined_here = e.param.grad().defined();
+            if (e.defined_here) keep_.push_back(e.param.grad());
         }
         if (memory_.size() == st_.buckets.size())
-            return run_fused(st_, bk, memory_[b].data(), comm_, size_, kAveragerCall, defer_, true);
+            return run_fused(st_, bk, memory_[b]->data(), comm_, size_, kAveragerCall, defer_, memory_[b]);
         if (b == 0) segment_ = fused_segment(st_, comm_);  // every rank starts with bucket 0
         std::byte* base = segment_ ? segment_ : static_cast<std::byte*>(st_.scratch.get(st_.largest));
         run_fused(st_, bk, base, comm_, size_, kAveragerCall, defer_);
@@ -1202,8 +1289,9 @@ private:
     const bool quiet_;
     const std::size_t cap_;
     const bool views_;  // gradient_as_bucket_view
+    bool multiple_ = false;  // MPI_THREAD_MULTIPLE (set before the thread starts)
     const detail::CallSite site_;
-    std::vector<BucketMemory> memory_;  // per bucket, with views_ after the rebuild
+    std::vector<std::shared_ptr<BucketMemory>> memory_;  // per bucket, with views_ after the rebuild
     std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, std::uintptr_t>> hooks_;
     std::thread thread_;
     std::byte* segment_ = nullptr;  // the communication thread's
@@ -1218,6 +1306,11 @@ private:
     bool sync_ = true;
     bool stop_ = false;
     std::size_t again_ = SIZE_MAX;  // an entry that got a gradient twice
+    bool again_no_sync_ = false;    // the second one under no_sync()
+    // The gradients the communication thread may replace, kept until the
+    // call: a gradient Python has seen is freed with the GIL, which the
+    // thread must never wait for (the caller may hold it).
+    std::vector<at::Tensor> keep_;
     std::vector<std::size_t> slot_;     // hooked entry -> its place in st_.entries
     std::vector<std::size_t> observed_; // entries in the order they became final
     bool rebuilt_ = false;
