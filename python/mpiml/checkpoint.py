@@ -23,6 +23,7 @@ rank and leave the previous checkpoints intact.
 """
 import collections
 import io
+import os
 import pickle
 import random
 import struct
@@ -155,7 +156,7 @@ def save_checkpoint(dir, step, shared=None, per_rank=None, keep=3, metadata=None
     s, err_s = _entries(shared, "shared") if _core.proc_id(comm) == 0 else ([], "")
     p, err_p = _entries(per_rank, "per_rank")
     error = error or err_s or err_p
-    _core.checkpoint_save(str(dir), int(step), s, p, meta if not error else {}, int(keep), comm, error)
+    _core.checkpoint_save(_path(dir, "save_checkpoint"), int(step), s, p, meta if not error else {}, int(keep), comm, error)
 
 
 def load_checkpoint(dir, step=None, comm=None):
@@ -165,7 +166,7 @@ def load_checkpoint(dir, step=None, comm=None):
     none. Torn or corrupt checkpoints are passed over with a warning (rank 0,
     on stderr). With step: that checkpoint (None when absent; CheckpointError
     when it does not verify). Collective: every rank gets the same step."""
-    r = _core.checkpoint_load(str(dir), None if step is None else int(step), comm)
+    r = _core.checkpoint_load(_path(dir, "load_checkpoint"), None if step is None else int(step), comm)
     if r is None:
         return None
     step, world_size, path, shared, per_rank, metadata, skipped = r
@@ -180,7 +181,7 @@ def load_checkpoint(dir, step=None, comm=None):
 
 def checkpoint_steps(dir):
     """Steps of the checkpoints present under dir, ascending (not verified)."""
-    return _core.checkpoint_steps(str(dir))
+    return _core.checkpoint_steps(_path(dir, "checkpoint_steps"))
 
 
 def wait_for_removals():
@@ -188,6 +189,14 @@ def wait_for_removals():
     are deleted in the background); call it before removing a checkpoint
     directory by other means."""
     _core.checkpoint_wait_for_removals()
+
+
+def _path(d, call):
+    """d as a str path; anything else (None) is an error, not a folder named "None"."""
+    if isinstance(d, (str, bytes, os.PathLike)):
+        return os.fsdecode(os.fspath(d))
+    raise ArgumentError("%s on rank %d/%d: dir must be a path (str or os.PathLike), got %s"
+                        % (call, _core.proc_id(None), _core.num_procs(None), type(d).__name__))
 
 
 def _generator_state(g):

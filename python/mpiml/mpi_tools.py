@@ -111,13 +111,22 @@ def _is_in_place(x):
     return mpi is not None and x is mpi.IN_PLACE
 
 
-def _torch_array(x, call):
+def _is_tensor(x):
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)  # nn.Parameter too
+
+
+def _torch_array(x, call, written=False):
     if x.device.type != "cpu":
         raise ArgumentError("%s: tensor is on %s; mpiml's Python collectives take CPU tensors "
                             "(use .cpu())" % (call, x.device))
     x = x.detach()
-    if x.is_conj():
-        x = x.resolve_conj()
+    if x.is_conj() or x.is_neg():
+        if written:  # a lazy view: the result would land in a copy
+            raise ArgumentError("%s on rank %d/%d: the tensor to write is a conjugate or negative "
+                                "view (t.conj()); pass a tensor that owns its values (resolve_conj())"
+                                % (call, _core.proc_id(None), _core.num_procs(None)))
+        x = x.resolve_conj().resolve_neg()
     try:
         return x.numpy()
     except TypeError as e:
@@ -125,14 +134,14 @@ def _torch_array(x, call):
             from None
 
 
-def _array(x, call):
+def _array(x, call, written=False):
     """x as a numpy array, without a copy when it already is one (or a CPU tensor)."""
     if type(x) is np.ndarray:
         return x
     if isinstance(x, np.ndarray):
         return x
-    if type(x).__module__ == "torch" and hasattr(x, "detach"):
-        return _torch_array(x, call)
+    if _is_tensor(x):
+        return _torch_array(x, call, written)
     return np.asarray(x)
 
 
@@ -147,7 +156,7 @@ def allreduce(sendbuf, recvbuf, op="sum", comm=None):
     """recvbuf[i] = op over ranks of sendbuf[i] (mpi4py's Allreduce call
     shape). sendbuf may be IN_PLACE (mpiml's or mpi4py's); recvbuf must be a
     writable contiguous numpy array or CPU tensor of sendbuf's dtype and size."""
-    recv = _array(_unwrap_spec(recvbuf), "allreduce")
+    recv = _array(_unwrap_spec(recvbuf), "allreduce", written=True)
     if not isinstance(recv, np.ndarray):
         raise ArgumentError("allreduce: recvbuf must be a numpy array or CPU tensor")
     send = None if _is_in_place(sendbuf) else _array(_unwrap_spec(sendbuf), "allreduce")
@@ -157,9 +166,9 @@ def allreduce(sendbuf, recvbuf, op="sum", comm=None):
 def broadcast(x, root=0, comm=None):
     """Broadcasts x from root, in place (numpy array or CPU tensor, of any
     dtype: bfloat16 too)."""
-    if type(x) is not np.ndarray and type(x).__module__ == "torch" and hasattr(x, "detach"):
+    if type(x) is not np.ndarray and _is_tensor(x):
         try:
-            x = _torch_array(x, "broadcast")
+            x = _torch_array(x, "broadcast", written=True)
         except DtypeError:
             if not x.is_contiguous():
                 raise

@@ -164,7 +164,8 @@ def profile_start(directory):
     """Starts profiling into directory (collective; MPIML_PROFILE=dir does it at start).
     Also runs cProfile on the calling thread."""
     global _stop_registered
-    _core.profile_start(str(directory))
+    from .checkpoint import _path
+    _core.profile_start(_path(directory, "profile_start"))
     _pyprofile.start()
     if not _stop_registered:  # a profile never stopped is written at exit
         _stop_registered = True

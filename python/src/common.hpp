@@ -80,8 +80,14 @@ inline Comm to_comm(py::handle c) {
     ensure_initialized_py();
     if (c.is_none()) return {};
     MPI_Fint f;
-    if (py::isinstance<py::int_>(c))
+    py::object mpi = py::module_::import("sys").attr("modules").attr("get")("mpi4py.MPI");
+    if (py::isinstance<py::bool_>(c))
+        raise("ArgumentError", "mpiml", "comm must be None or an mpi4py communicator, got a bool");
+    else if (py::isinstance<py::int_>(c))
         f = c.cast<MPI_Fint>();
+    else if (py::hasattr(c, "py2f") && !mpi.is_none() && !py::isinstance(c, mpi.attr("Comm")))
+        raise("ArgumentError", "mpiml", std::string("comm must be None or an mpi4py communicator, got mpi4py's ") +
+                                            std::string(py::str(py::type::of(c).attr("__name__"))));
     else if (py::hasattr(c, "py2f"))
         f = c.attr("py2f")().cast<MPI_Fint>();
     else

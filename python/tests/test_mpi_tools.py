@@ -342,3 +342,43 @@ def test_scalar_kinds_as_seed():
     zero_d = mt.mpi_sum(np.array(2.0))  # a 0-d array is not a scalar (np.isscalar), as the seed
     assert isinstance(zero_d, np.ndarray) and zero_d.shape == () and zero_d == 2.0 * SIZE
     assert isinstance(seed.mpi_sum(np.array(2.0)), np.ndarray)
+
+
+def test_parameters_are_tensors_and_lazy_views_are_not_written_to():
+    import torch
+    p = torch.nn.Parameter(torch.full((3,), float(RANK + 1)))
+    np.testing.assert_allclose(mt.mpi_avg(p), np.full(3, (SIZE + 1) / 2))
+    b = torch.nn.Parameter(torch.full((2,), float(RANK)))
+    mt.broadcast(b, 0)  # in place, as a plain tensor
+    assert torch.equal(b.detach(), torch.zeros(2))
+    c = torch.tensor([1 + 2j, 3 - 1j]) * (RANK + 1)
+    with pytest.raises(mpiml.ArgumentError, match=r"broadcast on rank %d/%d: .*conjugate" % (RANK, SIZE)):
+        mt.broadcast(c.conj(), 0)  # the result would land in a copy
+    with pytest.raises(mpiml.ArgumentError, match=r"allreduce on rank %d/%d: .*conjugate" % (RANK, SIZE)):
+        mt.allreduce(mt.IN_PLACE, c.conj())
+    out = torch.empty(2, dtype=c.dtype)
+    mt.allreduce(c.conj(), out)  # read: resolved
+    want = torch.tensor([1 - 2j, 3 + 1j]) * (SIZE * (SIZE + 1) / 2)
+    assert torch.allclose(out, want)
+
+
+@pytest.mark.parametrize("bad", [True, MPI.MAX, MPI.GROUP_EMPTY])
+def test_comm_must_be_a_communicator(bad):
+    with pytest.raises(mpiml.ArgumentError, match="comm must be None or an mpi4py communicator"):
+        mt.mpi_avg(1.0, comm=bad)
+
+
+@pytest.mark.parametrize("call", ["save", "load", "steps", "profile"])
+def test_a_directory_of_none_is_an_error(tmp_path, monkeypatch, call):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(mpiml.ArgumentError, match=r"on rank %d/%d: dir must be a path .* got NoneType"
+                       % (RANK, SIZE)):
+        if call == "save":
+            mpiml.save_checkpoint(None, 3, shared={"x": 1})
+        elif call == "load":
+            mpiml.load_checkpoint(None)
+        elif call == "steps":
+            mpiml.checkpoint.checkpoint_steps(None)
+        else:
+            mpiml.profile_start(None)
+    assert not os.path.exists("None")
