@@ -128,6 +128,10 @@ if [ -x "$fc" ]; then
   fault_case rank_exits_on_h2 10 "rank 3/4: exited with status 3 \\(host h2\\) while (rank [0-2] waits|ranks [0-2, ]+ wait) in allreduce #2" exit 3
   fault_case rank_returns_on_h1 10 "rank 0/4: exited with status 0 \\(host h1\\) while (rank [1-3] waits|ranks [1-3, ]+ wait) in allreduce #2" return 0
   EXPECT_OK=1 fault_case rank_ends_first_on_h2 12 "aborting the job" early_ok 3
+  # ... before their first collective: mpiml started MPI (the guard is set up
+  # in MPI_Init), or the program did, one rank a host (the door at exit).
+  fault_case rank_exits_before_first_on_h2 10 "rank 3/4: exited with status 3 \\(host h2\\) while (rank [0-2] waits|ranks [0-2, ]+ wait) in allreduce #1" exit_before 3
+  FAULT_OWN_INIT=1 fault_hosts="--host h1:1,h2:1" fault_np=2 fault_case rank_returns_before_first_owninit_on_h2 10 "rank 1/2: finalized MPI \\(host h2\\) while rank 0 waits in allreduce #1" return_before 1
   # h2 cut off mid-run under mpiml-run --min-ranks 2: the job restarts on h1 alone.
   name=restart_without_h2
   if picked "fault.$name"; then

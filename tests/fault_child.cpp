@@ -27,8 +27,14 @@ void step(int i) {
 int body(const std::string& mode, int faulty) {
     const int rank = mpiml::proc_id();
     const bool me = rank == faulty;
-    if (me && mode == "throw_before") fault_mark();
+    if (me && (mode == "throw_before" || mode.ends_with("_before") || mode == "return_before_late"))
+        fault_mark();
     if (mode == "throw_before" && me) throw std::runtime_error("injected failure before any collective");
+    // Ends before the first collective while the others wait in it (late:
+    // the others come to it 5 s later).
+    if ((mode == "return_before" || mode == "return_before_late") && me) return 0;
+    if (mode == "exit_before" && me) std::exit(3);
+    if (mode == "return_before_late") ::sleep(5);
     step(0);
     if (me) fault_mark();  // every other fault of this rank comes after this point
     if (mode == "throw_between" && me) throw std::runtime_error("injected failure between collectives");
@@ -136,5 +142,15 @@ int main(int argc, char** argv) {
     }
     if (use_run)
         return mpiml::run(argc, argv, [&](int, char**) { return body(mode, faulty); });
+    // FAULT_OWN_INIT=1: the program initializes and finalizes MPI itself, as
+    // a program that uses another MPI library beside mpiml does.
+    const char* own = std::getenv("FAULT_OWN_INIT");
+    if (own && std::strcmp(own, "1") == 0) {
+        int provided = 0;
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+        const int rc = body(mode, faulty);
+        MPI_Finalize();
+        return rc;
+    }
     return body(mode, faulty);
 }

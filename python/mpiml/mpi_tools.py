@@ -15,6 +15,7 @@ tested in python/tests/test_mpi_tools.py):
 - every call takes an optional comm= (None: MPI_COMM_WORLD, or an mpi4py
   communicator); errors are mpiml.Error subclasses naming the call and rank.
 """
+import operator
 import os
 import sys
 
@@ -32,6 +33,18 @@ globals().update(_OPS)
 
 __all__ = ["mpi_fork", "restart_attempt", "msg", "pprint", "proc_id", "allreduce", "num_procs", "broadcast",
            "mpi_op", "mpi_sum", "mpi_avg", "mpi_statistics_scalar", "barrier", "IN_PLACE"] + list(_OPS)
+
+
+def _whole(v, what, call, rank=True):
+    """v as an int (numpy integers too); a float, even 2.0, or a bool is an
+    error naming the call, never truncated."""
+    if not isinstance(v, bool):
+        try:
+            return operator.index(v)
+        except TypeError:
+            pass
+    where = " on rank %d/%d" % (_core.proc_id(None), _core.num_procs(None)) if rank else ""
+    raise ArgumentError("%s%s: %s must be an int, got %r" % (call, where, what, v))
 
 
 class _InPlace:
@@ -52,8 +65,10 @@ def mpi_fork(n, bind_to_core=False, restarts=0, backoff=1.0):
     restarts=k starts the job again after a failure, up to k times, after
     backoff seconds (doubling), with one line naming what failed; the ranks
     see restart_attempt() > 0 and resume from their last checkpoint."""
-    if int(restarts) < 0:
-        raise ValueError("mpi_fork: restarts must be >= 0, got %r" % (restarts,))
+    n = _whole(n, "n", "mpi_fork", rank=False)
+    restarts = _whole(restarts, "restarts", "mpi_fork", rank=False)
+    if restarts < 0:
+        raise ArgumentError("mpi_fork: restarts must be >= 0, got %r" % (restarts,))
     if n <= 1 or _core.started_by_launcher():
         return
     orig = list(getattr(sys, "orig_argv", [sys.executable] + sys.argv))
@@ -174,7 +189,7 @@ def broadcast(x, root=0, comm=None):
                 raise
             import torch  # a dtype numpy lacks: its bytes, in place
             x = _torch_array(x.detach().reshape(-1).view(torch.uint8), "broadcast")
-    _core.broadcast(x, int(root), comm)
+    _core.broadcast(x, _whole(root, "root", "broadcast"), comm)
 
 
 # The seed's reductions, bound directly to the C++ functions (numpy arrays,

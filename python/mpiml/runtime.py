@@ -298,6 +298,10 @@ if _profile_requested() and not _pyprofile.running():
     _pyprofile.start()
     _stop_registered = True
     atexit.register(_profile_stop_at_exit)
+# A rank that ends before any mpiml call, in a job where mpi4py started MPI,
+# still meets the others at the exit guard's door (atexit handlers run
+# before mpi4py finalizes MPI).
+atexit.register(_core._exit_guard_unstarted)
 # Reports show Python stacks until the interpreter starts to go away (atexit
 # handlers run first at interpreter exit; MPI ends after the interpreter).
 atexit.register(_core._forget_python_stacks)

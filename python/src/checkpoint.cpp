@@ -108,7 +108,7 @@ void register_checkpoint(py::module_& m) {
            const std::map<std::string, std::string>& metadata, int keep, py::handle comm,
            const std::string& encode_error) {
             const char* call = "save_checkpoint";
-            const Comm c = to_comm(comm);
+            const Comm c = to_comm(comm, call);
             agree_encoded(encode_error, c.get(call), call);
             Buffers buffers;  // released after the save, with the GIL
             CheckpointState st;
@@ -125,7 +125,7 @@ void register_checkpoint(py::module_& m) {
     m.def(
         "checkpoint_load",
         [](const std::string& dir, std::optional<std::int64_t> step, py::handle comm) -> py::object {
-            const Comm c = to_comm(comm);
+            const Comm c = to_comm(comm, "load_checkpoint");
             Checkpointer ck(dir, {.comm = c});
             CheckpointState st;
             std::optional<CheckpointInfo> info;

@@ -76,25 +76,26 @@ inline void ensure_initialized_py() {
     py_ready.store(true, std::memory_order_release);
 }
 
-inline Comm to_comm(py::handle c) {
+/// call: the Python function that got c, for the error.
+inline Comm to_comm(py::handle c, const char* call) {
     ensure_initialized_py();
     if (c.is_none()) return {};
     MPI_Fint f;
     py::object mpi = py::module_::import("sys").attr("modules").attr("get")("mpi4py.MPI");
     if (py::isinstance<py::bool_>(c))
-        raise("ArgumentError", "mpiml", "comm must be None or an mpi4py communicator, got a bool");
+        raise("ArgumentError", call, "comm must be None or an mpi4py communicator, got a bool");
     else if (py::isinstance<py::int_>(c))
         f = c.cast<MPI_Fint>();
     else if (py::hasattr(c, "py2f") && !mpi.is_none() && !py::isinstance(c, mpi.attr("Comm")))
-        raise("ArgumentError", "mpiml", std::string("comm must be None or an mpi4py communicator, got mpi4py's ") +
+        raise("ArgumentError", call, std::string("comm must be None or an mpi4py communicator, got mpi4py's ") +
                                             std::string(py::str(py::type::of(c).attr("__name__"))));
     else if (py::hasattr(c, "py2f"))
         f = c.attr("py2f")().cast<MPI_Fint>();
     else
-        raise("ArgumentError", "mpiml", std::string("comm must be None or an mpi4py communicator, got ") +
+        raise("ArgumentError", call, std::string("comm must be None or an mpi4py communicator, got ") +
                                             std::string(py::str(py::type::of(c).attr("__name__"))));
     const MPI_Comm comm = MPI_Comm_f2c(f);
-    if (comm == MPI_COMM_NULL) raise("ArgumentError", "mpiml", "comm is MPI_COMM_NULL");
+    if (comm == MPI_COMM_NULL) raise("ArgumentError", call, "comm is MPI_COMM_NULL");
     return Comm(comm);
 }
 

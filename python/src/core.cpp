@@ -36,6 +36,7 @@ namespace py = pybind11;
 
 namespace mpiml::detail {
 void exit_guard_run();  // src/core/exit_guard.hpp (libmpiml, not installed)
+void exit_guard_unstarted();
 }
 
 // Python's own dumper of every thread's frames (faulthandler's; no GIL needed).
@@ -175,7 +176,7 @@ ReduceOp to_op(py::handle op, const char* call) {
 void py_allreduce(py::handle send_h, py::array recv, py::handle op_h, py::handle comm_h) {
     PySite site;
     static const char* call = "allreduce";
-    const Comm comm = to_comm(comm_h);
+    const Comm comm = to_comm(comm_h, call);
     const ReduceOp op = to_op(op_h, call);
     check_buffer(recv, call, "recvbuf", true);
     const TypeInfo& e = elem_of(recv, call);
@@ -230,7 +231,7 @@ py::object numpy_scalar(double v, int npy_type);
 py::object py_reduce(py::handle x_h, py::handle op_h, bool avg, py::handle comm_h, const char* call) {
     PySite site;
     if (PyFloat_CheckExact(x_h.ptr())) {  // the common case (PPO's KL): no array at all
-        const Comm comm = to_comm(comm_h);
+        const Comm comm = to_comm(comm_h, call);
         const ReduceOp op = avg ? ReduceOp(Op::sum) : to_op(op_h, call);
         const double v = PyFloat_AS_DOUBLE(x_h.ptr());
         double out = 0.0;
@@ -249,7 +250,7 @@ py::object py_reduce(py::handle x_h, py::handle op_h, bool avg, py::handle comm_
     // np.isscalar(x), as the seed: Python and numpy scalars give a numpy scalar.
     const bool scalar = PyArray_IsAnyScalar(x_h.ptr());
     py::array x = as_array(x_h);
-    const Comm comm = to_comm(comm_h);
+    const Comm comm = to_comm(comm_h, call);
     ReduceOp op = avg ? ReduceOp(Op::sum) : to_op(op_h, call);
     const char kind = descr(x)->kind;
     const auto esize = static_cast<std::size_t>(descr(x)->elsize);
@@ -312,7 +313,7 @@ py::tuple py_statistics(py::handle x_h, bool with_min_and_max, py::handle comm_h
     PySite site;
     static const char* call = "mpi_statistics_scalar";
     py::array x = as_array(x_h);
-    const Comm comm = to_comm(comm_h);
+    const Comm comm = to_comm(comm_h, call);
     int out_type = NPY_DOUBLE;
     if (!(x.flags() & py::array::c_style)) x = py::array::ensure(x, py::array::c_style);
     const auto n = static_cast<std::size_t>(x.size());
@@ -342,7 +343,7 @@ py::tuple py_statistics(py::handle x_h, bool with_min_and_max, py::handle comm_h
 void py_broadcast(py::handle x_h, int root, py::handle comm_h) {
     PySite site;
     static const char* call = "broadcast";
-    const Comm comm = to_comm(comm_h);
+    const Comm comm = to_comm(comm_h, call);
     if (!py::isinstance<py::array>(x_h))
         raise("ArgumentError", call, std::string("x must be a numpy array (broadcast is in place), got ") +
                                          std::string(py::str(py::type::of(x_h).attr("__name__"))));
@@ -491,21 +492,21 @@ PYBIND11_MODULE(_core, m) {
         MPI_Comm_size(MPI_COMM_WORLD, &n);
         return py::make_tuple(r, n);
     });
-    m.def("proc_id", [](py::handle comm) { return proc_id(to_comm(comm)); }, py::arg("comm") = py::none());
-    m.def("num_procs", [](py::handle comm) { return num_procs(to_comm(comm)); }, py::arg("comm") = py::none());
+    m.def("proc_id", [](py::handle comm) { return proc_id(to_comm(comm, "proc_id")); }, py::arg("comm") = py::none());
+    m.def("num_procs", [](py::handle comm) { return num_procs(to_comm(comm, "num_procs")); }, py::arg("comm") = py::none());
     m.attr("EXIT_STOPPED") = exit_stopped;
     m.def("stop_on_signals", [](const std::vector<int>& signals) { stop_on_signals(signals); });
     m.def("stop_requested", [] { return stop_requested(); });
     m.def("stop_signal", [] { return stop_signal(); });
     m.def("should_stop", [](py::handle comm) {
         PySite site;
-        const Comm c = to_comm(comm);
+        const Comm c = to_comm(comm, "should_stop");
         py::gil_scoped_release nogil;
         return should_stop(c);
     }, py::arg("comm") = py::none());
     m.def("barrier", [](py::handle comm) {
         PySite site;
-        const Comm c = to_comm(comm);
+        const Comm c = to_comm(comm, "barrier");
         py::gil_scoped_release nogil;
         barrier(c);
     }, py::arg("comm") = py::none());
@@ -587,6 +588,13 @@ PYBIND11_MODULE(_core, m) {
     m.def("_exit_guard", [] {
         py::gil_scoped_release nogil;
         detail::exit_guard_run();
+    });
+    // At interpreter exit when mpi4py (or another library) started MPI and
+    // this process made no mpiml call: ranks waiting in their first
+    // collective learn that this one ended.
+    m.def("_exit_guard_unstarted", [] {
+        py::gil_scoped_release nogil;
+        detail::exit_guard_unstarted();
     });
 
     // Benchmark hooks: k calls of the C++ API in a C++ loop (bench/peers/mpiml_peer.py

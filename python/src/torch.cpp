@@ -142,7 +142,7 @@ PYBIND11_MODULE(_torch, m) {
     // Each collective call takes the Python caller's frame as its call site (PySite).
     m.def("mpi_avg_grads", [](py::handle module, py::handle comm, double cap_mb, bool as_view) {
         PySite site;
-        const mpiml::Comm c = to_comm(comm);
+        const mpiml::Comm c = to_comm(comm, "mpi_avg_grads");
         mpiml::AvgGradsOptions o;
         o.bucket_cap_bytes = cap_bytes(cap_mb, "mpi_avg_grads");
         auto ts = tensors_of(module, true, false, "mpi_avg_grads");
@@ -181,7 +181,7 @@ PYBIND11_MODULE(_torch, m) {
         .def(py::init([](py::handle module, py::handle comm, bool as_view, double cap_mb,
                          bool overlap, bool one_node) {
                  PySite site;
-                 const mpiml::Comm c = to_comm(comm);
+                 const mpiml::Comm c = to_comm(comm, "GradAverager");
                  mpiml::AvgGradsOptions o;
                  o.bucket_cap_bytes = cap_bytes(cap_mb, "mpiml::GradAverager");
                  auto ts = tensors_of(module, true, false, "mpiml::GradAverager");
@@ -242,7 +242,7 @@ PYBIND11_MODULE(_torch, m) {
         .def("__len__", &mpiml::GradAverager::size, "Parameters whose gradients are averaged.");
     m.def("sync_params", [](py::handle module, int root, py::handle comm) {
         PySite site;
-        const mpiml::Comm c = to_comm(comm);
+        const mpiml::Comm c = to_comm(comm, "sync_params");
         auto ts = tensors_of(module, true, true, "sync_params");
         py::gil_scoped_release nogil;
         mpiml::sync_params(ts, root, c);
@@ -254,7 +254,7 @@ PYBIND11_MODULE(_torch, m) {
         for (int i = 0; i < k; ++i) mpiml::mpi_avg_grads(ts);
     });
     m.def("mpi_avg", [](const at::Tensor& x, py::handle comm) {
-        const mpiml::Comm c = to_comm(comm);
+        const mpiml::Comm c = to_comm(comm, "mpi_avg");
         py::gil_scoped_release nogil;
         return mpiml::mpi_avg(x, c);
     }, py::arg("x"), py::arg("comm") = py::none());

@@ -43,9 +43,10 @@ def write(tmp_path, name, body):
     return str(p)
 
 
-def run(cmd, timeout, **kw):
+def run(cmd, timeout, env=None, **kw):
     t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=clean_env(), **kw)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       env=clean_env() if env is None else env, **kw)
     return p, time.monotonic() - t0
 
 
@@ -376,6 +377,103 @@ def test_a_rank_that_ends_while_others_wait_ends_the_job(tmp_path, n, how, statu
     assert line in out, out
     assert re.search(r"while (rank \d+ waits|ranks [\d, ]+ wait) in allreduce #2 - aborting the job",
                      out), out
+
+
+BEFORE = """
+    import os, sys, time
+    if {mpi4py_first}:
+        from mpi4py import MPI
+    import numpy as np
+    import mpiml.mpi_tools as mt
+
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
+    if {touched}:
+        mt.proc_id()  # mpiml started (no collective yet)
+    if rank == {faulty}:
+        sys.exit({status})
+    if {late}:
+        time.sleep(5)  # the others come to their first collective after it ended
+    mt.mpi_sum(np.ones(3))  # waits for the rank that ended
+    """
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("mpi4py_first,touched,late", [
+    (False, True, False), (False, True, True),
+    (True, True, False), (True, False, False), (True, False, True)])
+def test_a_rank_that_ends_before_the_first_collective_ends_the_job(tmp_path, n, mpi4py_first, touched,
+                                                                    late):
+    """The others wait in their first collective, where mpiml sets itself up
+    (with mpi4py first) or right after MPI_Init: the job ends, naming the rank
+    that ended, whether or not it made an mpiml call."""
+    if mpi4py_first and importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("mpi4py is not installed")
+    faulty, status = n - 1, 3 if n == 2 else 0
+    script = write(tmp_path, "before.py", BEFORE.format(mpi4py_first=mpi4py_first, touched=touched,
+                                                       faulty=faulty, status=status, late=late))
+    p, secs = run(mpirun(n, PY, script), timeout=60)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert secs < 25, (secs, out)  # a hang until timeout=60 before
+    if mpi4py_first and late:
+        # It finalized MPI before the others came: they say so.
+        assert re.search(r"\[mpiml\] rank \d+/%d: allreduce #1 cannot complete: rank %d finalized MPI "
+                         r"before its first collective - aborting the job" % (n, faulty), out), out
+        return
+    ended = "finalized MPI" if mpi4py_first else "exited with status %d" % status
+    assert "[mpiml] rank %d/%d: %s (host " % (faulty, n, ended) in out, out
+    assert re.search(r"while (rank \d+ waits|ranks [\d, ]+ wait) in allreduce #1 - aborting the job",
+                     out), out
+
+
+BEFORE_INIT = """
+    import os, sys, time
+    import numpy as np
+    import mpiml.mpi_tools as mt
+    if os.environ["OMPI_COMM_WORLD_RANK"] == "1":
+        sys.exit(0)  # before MPI started
+    time.sleep(3)
+    mt.mpi_sum(np.ones(3))  # starts MPI: MPI_Init waits for rank 1
+    """
+
+
+def test_a_rank_that_ends_before_mpi_starts_is_a_timeout_in_mpi_init(tmp_path):
+    """MPI_Init itself waits for every rank; with MPIML_TIMEOUT the
+    watchdog ends that wait too, naming the rank that waits."""
+    if "--oversubscribe" not in mpirun(1):
+        pytest.skip("the script reads Open MPI's rank variable")
+    script = write(tmp_path, "before_init.py", BEFORE_INIT)
+    p, secs = run(mpirun(2, PY, script), timeout=60, env=clean_env(MPIML_TIMEOUT="4"))
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert secs < 25, (secs, out)
+    assert re.search(r"watchdog: MPI_Init_thread waited [\d.]+ s, past the timeout of 4 s \(rank 0 of "
+                     r"the launcher\); a rank may have ended before it started MPI", out), out
+
+
+NONE_USED = """
+    import sys, time
+    from mpi4py import MPI
+    import mpiml.mpi_tools as mt
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        mt.proc_id()
+        time.sleep({wait})
+    """
+
+
+@pytest.mark.parametrize("wait", [0, 5])
+def test_ranks_that_all_end_before_any_collective_end_normally(tmp_path, wait):
+    """The door at exit is passed by ranks that all end: no abort, whether
+    they end together or one 5 s after the others (then the others' wait at
+    the door is bounded)."""
+    if importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("mpi4py is not installed")
+    script = write(tmp_path, "none_used.py", NONE_USED.format(wait=wait))
+    p, secs = run(mpirun(3, PY, script), timeout=60)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert "aborting" not in out, out
+    assert secs < wait + 15, (secs, out)
 
 
 EARLY = """

@@ -267,6 +267,22 @@ def test_sync_params_mismatch_is_an_error_on_every_rank():
         mp.sync_params(m)
 
 
+def test_sync_params_of_a_module_on_the_meta_device_is_an_error_on_every_rank():
+    m = nn.Linear(3, 2, device="meta")
+    with pytest.raises(mpiml.Error, match=r"sync_params on rank %d/%d: .* is on meta; only CPU "
+                                          r"tensors can be synced" % (RANK, SIZE)):
+        mp.sync_params(m)
+    mp.sync_params(nn.Linear(3, 2))  # every rank still in step
+
+
+def test_sync_params_on_different_devices_is_a_mismatch():
+    if SIZE == 1:
+        pytest.skip("needs 2 or more ranks: one rank has no peer to disagree with")
+    m = nn.Linear(3, 2, device="meta" if RANK == SIZE - 1 else "cpu")
+    with pytest.raises(mpiml.Error, match=r"sync_params.* on meta"):
+        mp.sync_params(m)
+
+
 def test_mismatch_names_the_python_call_site():
     # the error ends with each rank's call site: this file's line, this function
     if SIZE == 1:

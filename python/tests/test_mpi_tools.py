@@ -1,6 +1,7 @@
 """mpiml.mpi_tools against the seed's behaviour (seed_ref, on mpi4py), under
 mpirun at 1, 2 and 3 ranks. Each documented difference is asserted as one."""
 import os
+import re
 
 import numpy as np
 import pytest
@@ -286,7 +287,7 @@ def test_sum_avg_arguments_as_a_python_function():
             f(1.0, None, 3)
         with pytest.raises(mpiml.ArgumentError, match="comm must be") as e:
             f(1.0, comm="world")
-        assert e.value.call == "mpiml" and "rank %d/%d" % (RANK, SIZE) in str(e.value)
+        assert e.value.call == name and "rank %d/%d" % (RANK, SIZE) in str(e.value)
         with pytest.raises(mpiml.Error, match=name):
             f(np.array(["a"]))
         assert name + "(x, comm=None)" in f.__doc__
@@ -366,6 +367,35 @@ def test_parameters_are_tensors_and_lazy_views_are_not_written_to():
 def test_comm_must_be_a_communicator(bad):
     with pytest.raises(mpiml.ArgumentError, match="comm must be None or an mpi4py communicator"):
         mt.mpi_avg(1.0, comm=bad)
+
+
+@pytest.mark.parametrize("call", ["mpi_sum", "mpi_statistics_scalar", "broadcast", "barrier", "proc_id"])
+def test_a_bad_comm_names_the_call(call):
+    pattern = r"^%s on rank %d/%d: comm must be None or an mpi4py communicator, got str" % (call, RANK, SIZE)
+    with pytest.raises(mpiml.ArgumentError, match=pattern):
+        if call == "broadcast":
+            mt.broadcast(np.zeros(2), 0, comm="world")
+        elif call in ("barrier", "proc_id"):
+            getattr(mt, call)(comm="world")
+        else:
+            getattr(mt, call)(np.ones(2), comm="world")
+
+
+@pytest.mark.parametrize("root", [0.0, 1.5, True, "0"])
+def test_broadcast_root_must_be_an_int(root):
+    x = np.full(2, float(RANK))
+    with pytest.raises(mpiml.ArgumentError, match=r"broadcast on rank %d/%d: root must be an int, got %s"
+                       % (RANK, SIZE, re.escape(repr(root)))):
+        mt.broadcast(x, root)
+    mt.broadcast(x, np.int64(0))  # numpy integers are ints
+    assert np.array_equal(x, np.zeros(2))
+
+
+@pytest.mark.parametrize("n,restarts", [(1.5, 0), (2.0, 0), (True, 0), (2, 0.5)])
+def test_mpi_fork_counts_must_be_ints(n, restarts):
+    # checked before anything else: the job is never launched
+    with pytest.raises(mpiml.ArgumentError, match=r"^mpi_fork: (n|restarts) must be an int, got "):
+        mt.mpi_fork(n, restarts=restarts)
 
 
 @pytest.mark.parametrize("call", ["save", "load", "steps", "profile"])

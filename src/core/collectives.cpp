@@ -237,27 +237,27 @@ Kind door_kind(int kind) {
 
 namespace {
 // Every rank counts and marks every collective whatever its own settings,
-// which may differ between ranks: the sequence numbers and the arrival board
-// (set up collectively on the first world collective) may not. Returns the
-// sequence number; marked: on the exit guard's board.
-std::uint64_t enter_collective(Kind kind, MPI_Comm comm, bool& marked) {
+// which may differ between ranks: the sequence numbers and the world set-up
+// (collective, on the first collective spanning every rank when another
+// library initialized MPI) may not. The watch is armed between the two
+// steps, so a rank that never comes to the set-up is a hang like any other.
+std::uint64_t begin_collective(MPI_Comm comm) {
     if (injecting()) inject_on_collective();
-    const std::uint64_t seq = next_sequence(comm);
-    if (comm == MPI_COMM_WORLD) arrival_mark(seq);
+    return next_sequence(comm);
+}
+
+// marked: on the exit guard's board.
+void enter_collective(Kind kind, std::uint64_t seq, MPI_Comm comm, bool& marked) {
+    if (!collective_entered(kind, seq))
+        fail(kind_name(kind), "MPI is being finalized (another thread is ending the process)");
     if (spans_world(comm)) {
-        exit_guard_setup();
-        report_setup();
+        world_setup_on_entry(kind, seq);
+        if (comm == MPI_COMM_WORLD) arrival_mark(seq);
         if (exit_guard_ready()) {
             exit_mark_enter(kind, seq);
             marked = true;
         }
     }
-    if (!collective_entered(kind, seq)) {
-        if (marked) exit_mark_leave();
-        marked = false;
-        fail(kind_name(kind), "MPI is being finalized (another thread is ending the process)");
-    }
-    return seq;
 }
 
 // history: the entry's token, never 0 once entered.
@@ -286,10 +286,16 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
     const bool check = s.check.load(std::memory_order_relaxed);
     const bool timed = s.timeout.load(std::memory_order_relaxed) > 0;
     const std::int64_t t0 = prof ? profile_now() : 0;
-    const std::uint64_t seq = enter_collective(info.kind, info.comm, marked_);
+    const std::uint64_t seq = begin_collective(info.comm);
+    if (timed) watch_ = watchdog_arm(Watched{info, seq, 0, {}, {}});
+    try {
+        enter_collective(info.kind, seq, info.comm, marked_);
+    } catch (...) {
+        watchdog_disarm(watch_);
+        throw;
+    }
     history_ = history_enter(info, seq);
     if (!check && !timed && !prof) return;
-    if (timed) watch_ = watchdog_arm(Watched{info, seq, 0, {}, {}});
     if (check) {
         try {
             check_consistent(info, seq);
@@ -314,11 +320,17 @@ DoorScope::DoorScope(const DoorCall& d) : comm_(d.comm), outer_(t_door) {
     const bool timed = d.timeout > 0 || s.timeout.load(std::memory_order_relaxed) > 0;
     t0_ = profile_on.load(std::memory_order_relaxed) ? profile_now() : 0;
     const Kind kind = door_kind(d.kind);
-    seq_ = enter_collective(kind, d.comm, marked_);
-    history_ = history_enter({kind, d.call, 0, MPI_DATATYPE_NULL, -1, -1, d.comm}, seq_);
+    seq_ = begin_collective(d.comm);
     if (timed)
         watch_ = watchdog_arm(
             Watched{{kind, d.call, 0, MPI_DATATYPE_NULL, -1, -1, d.comm}, seq_, d.timeout, d.call, d.where});
+    try {
+        enter_collective(kind, seq_, d.comm, marked_);
+    } catch (...) {
+        watchdog_disarm(watch_);
+        throw;
+    }
+    history_ = history_enter({kind, d.call, 0, MPI_DATATYPE_NULL, -1, -1, d.comm}, seq_);
     if (check && d.nsig > 0) {
         try {
             check_agreement(d.sig, d.nsig, d.comm, d.call, seq_, d.describe, AgreeWait::poll);

@@ -13,13 +13,16 @@
 // progress, as it does while the peer waits in an MPI collective.
 #include "core/exit_guard.hpp"
 
+#include "core/report.hpp"
 #include "core/state.hpp"
+#include "core/watchdog.hpp"
 
 #include <mpiml/failure.hpp>
 
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <mutex>
@@ -93,9 +96,7 @@ std::string waiting_text(const std::vector<std::pair<int, std::uint64_t>>& stuck
     return text;
 }
 
-}  // namespace
-
-void exit_guard_setup() {
+void exit_board_setup() {
     auto& g = guard();
     if (g.set_up.load(std::memory_order_acquire)) return;
     std::call_once(g.once, [&g] {
@@ -152,6 +153,108 @@ void exit_guard_setup() {
     g.set_up.store(true, std::memory_order_release);
 }
 
+// The world set-up, once per process (any thread); done: state().world_set_up.
+std::once_flag world_once;
+
+void setup_all() {
+    arrival_board_setup();
+    exit_board_setup();
+    report_setup();
+}
+
+// The door: an MPI_Iallgather over MPI_COMM_WORLD of what each rank is
+// doing: entering its first collective (kind and number) or ending (status).
+// Nonblocking on both sides, so the two match.
+constexpr int door_slots = 2;
+std::uint64_t ended_word(int status) {
+    return ended_flag | (status >= 0 ? static_cast<std::uint64_t>(status) & status_mask : status_unknown);
+}
+
+std::string remote_ended_text(int rank, std::uint64_t word) {
+    const std::uint64_t st = word & status_mask;
+    return "rank " + std::to_string(rank) +
+           (st == status_unknown ? std::string(" finalized MPI") : " exited with status " + std::to_string(st));
+}
+
+void door_on_entry(Kind kind, std::uint64_t seq) {
+    const int n = state().world_size;
+    std::uint64_t mine[door_slots] = {0, static_cast<std::uint64_t>(kind) << seq_bits | seq};
+    std::vector<std::uint64_t> all(static_cast<std::size_t>(n) * door_slots);
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (MPI_Iallgather(mine, door_slots, MPI_UINT64_T, all.data(), door_slots, MPI_UINT64_T,
+                       MPI_COMM_WORLD, &req) != MPI_SUCCESS ||
+        MPI_Wait(&req, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        return;  // MPI's own error follows in the collective itself
+    std::string ended;
+    for (int j = 0; j < n; ++j) {
+        const std::uint64_t w = all[static_cast<std::size_t>(j) * door_slots];
+        if (w & ended_flag) ended += (ended.empty() ? "" : ", ") + remote_ended_text(j, w);
+    }
+    if (ended.empty()) return;
+    // The rank that ended says so and ends the job; this rank's line only if
+    // it no longer can (it waited past its limit and is finalizing).
+    const timespec grace{2, 0};
+    ::nanosleep(&grace, nullptr);
+    abort_job(collective_text(mine[1]) + " cannot complete: " + ended + " before its first collective",
+              1);
+}
+
+// At exit, before any collective spanning every rank: meets the others'
+// door. Every rank ending: nothing to guard. A rank entering its first
+// collective: it would wait for this one forever; the job ends. Nobody else
+// at the door within a few seconds (still busy, or not using mpiml): MPI_Finalize
+// as before; the request stays posted, and MPI progresses it while this
+// rank finalizes, so a rank that comes to the door later learns that this
+// one ended.
+void door_at_exit() {
+    const int n = state().world_size;
+    if (n <= 1) return;
+    const int status = guard().status.load(std::memory_order_relaxed);
+    // Kept past this call: the request may still be posted at MPI_Finalize.
+    static std::uint64_t mine[door_slots];
+    static auto* all = new std::vector<std::uint64_t>;
+    mine[0] = ended_word(status);
+    mine[1] = 0;
+    all->assign(static_cast<std::size_t>(n) * door_slots, 0);
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (MPI_Iallgather(mine, door_slots, MPI_UINT64_T, all->data(), door_slots, MPI_UINT64_T,
+                       MPI_COMM_WORLD, &req) != MPI_SUCCESS)
+        return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    int done = 0;
+    while (!done && std::chrono::steady_clock::now() < until) {
+        if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
+        if (!done) {
+            const timespec nap{0, 200'000};
+            ::nanosleep(&nap, nullptr);
+        }
+    }
+    if (!done) return;
+    std::vector<std::pair<int, std::uint64_t>> entering;
+    for (int j = 0; j < n; ++j)
+        if (!((*all)[static_cast<std::size_t>(j) * door_slots] & ended_flag))
+            entering.emplace_back(j, (*all)[static_cast<std::size_t>(j) * door_slots + 1]);
+    if (!entering.empty())
+        abort_job(ended_text(status) + " while " + waiting_text(entering), status > 0 ? status : 1);
+}
+
+}  // namespace
+
+void world_setup_at_init() {
+    std::call_once(world_once, setup_all);
+    state().world_set_up.store(true, std::memory_order_release);
+}
+
+void world_setup_on_entry(Kind kind, std::uint64_t seq) {
+    if (state().world_set_up.load(std::memory_order_acquire)) return;
+    std::call_once(world_once, [kind, seq] {
+        if (state().world_size > 1) door_on_entry(kind, seq);
+        setup_all();
+    });
+    state().world_set_up.store(true, std::memory_order_release);
+}
+
+
 bool exit_guard_ready() { return guard().ready.load(std::memory_order_acquire); }
 
 void exit_mark_enter(Kind kind, std::uint64_t seq) {
@@ -185,6 +288,13 @@ void exit_check_other_threads() {
 }
 
 void exit_guard_run() {
+    bool at_door = false;  // no set-up yet: the door instead
+    std::call_once(world_once, [&at_door] {
+        at_door = true;
+        door_at_exit();
+    });
+    state().world_set_up.store(true, std::memory_order_release);
+    if (at_door) return;
     auto& g = guard();
     if (!g.ready.load(std::memory_order_acquire) || g.ran.exchange(true)) return;
     const int n = state().world_size, me = state().world_rank;
@@ -246,6 +356,17 @@ void exit_guard_run() {
     }
     if (g.node_win != MPI_WIN_NULL) MPI_Win_free(&g.node_win);
     if (g.node != MPI_COMM_NULL) MPI_Comm_free(&g.node);
+}
+
+void exit_guard_unstarted() {
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    auto& s = state();
+    if (!init || fin || s.ready) return;
+    MPI_Comm_rank(MPI_COMM_WORLD, &s.world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &s.world_size);
+    exit_guard_run();
 }
 
 }  // namespace mpiml::detail

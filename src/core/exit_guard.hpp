@@ -8,9 +8,17 @@
 
 namespace mpiml::detail {
 
-/// Sets up the job-wide exit board, collectively over MPI_COMM_WORLD (once;
-/// a failed set-up leaves the guard off).
-void exit_guard_setup();
+/// The world set-up: the arrival board, the exit board and the report agent,
+/// each collective over MPI_COMM_WORLD, once. When mpiml initialized MPI,
+/// every rank runs it there.
+void world_setup_at_init();
+/// When another library initialized MPI, each rank runs it on its first
+/// collective spanning every rank (kind, seq), after a door every rank passes
+/// there or at its exit (exit_guard_run): a rank that ended before its first
+/// collective ends the job, naming it, instead of leaving the others in the
+/// set-up forever.
+void world_setup_on_entry(Kind kind, std::uint64_t seq);
+/// state().world_set_up says when it ran (or its door was passed at exit).
 /// True when the board exists (the hot path skips everything otherwise).
 bool exit_guard_ready();
 /// Entering / leaving a collective on a communicator that spans every rank.
@@ -32,5 +40,9 @@ void exit_check_other_threads();
 /// job, naming the ranks, when a rank waits in a collective this rank never
 /// entered.
 void exit_guard_run();
+/// At the exit of a process in which another library started MPI and mpiml
+/// never started (no mpiml call, so no hook in MPI_Finalize): the door of
+/// exit_guard_run, for ranks that wait in their first collective.
+void exit_guard_unstarted();
 
 }  // namespace mpiml::detail

@@ -4,6 +4,7 @@
 #include "core/report.hpp"
 #include "core/state.hpp"
 
+#include <mpiml/collectives.hpp>
 #include <mpiml/error.hpp>
 #include <mpiml/failure.hpp>
 #include <mpiml/session.hpp>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,6 +83,25 @@ void warn_tcp_links(int rank) {
 #endif
 }
 
+// The timeout before MPI starts (MPIML_TIMEOUT is validated after).
+double timeout_before_init(const SessionOptions& opts) {
+    if (opts.timeout) return *opts.timeout;
+    const char* v = std::getenv("MPIML_TIMEOUT");
+    if (!v || !*v) return 0;
+    char* end = nullptr;
+    const double t = std::strtod(v, &end);
+    return end && *end == '\0' && std::isfinite(t) ? t : 0;
+}
+
+// " (rank 3 of the launcher)": who waits, before MPI can say.
+std::string launcher_rank_text() {
+    for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"})
+        if (const char* v = std::getenv(name); v && *v)
+            return std::string(" (rank ") + v + " of the launcher); a rank may have ended before it "
+                                               "started MPI";
+    return "; a rank may have ended before it started MPI";
+}
+
 // Registered after atexit_finalize, so it runs first and the guard knows the status.
 void record_exit_status(int status, void*) { set_exit_status(status); }
 
@@ -94,6 +115,11 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
     MPI_Initialized(&flag);
     if (!flag) {
         prefer_tcp_send();
+        // A rank that ends before it starts MPI leaves the others in
+        // MPI_Init: with a timeout, the watchdog ends that wait too.
+        std::optional<DoorWatch> init_watch;
+        if (const double t = timeout_before_init(opts); t > 0)
+            init_watch.emplace("MPI_Init_thread", t, launcher_rank_text());
         check_mpi(MPI_Init_thread(argc, argv, opts.thread_level, &s.provided), "MPI_Init_thread");
         s.we_initialized = true;
         std::atexit(atexit_finalize);
@@ -117,10 +143,7 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
     inject_setup();
     // Set up with MPI_Init, which every rank calls; when another library
     // initialized MPI, on the first collective that spans every rank.
-    if (s.we_initialized) {
-        exit_guard_setup();
-        report_setup();
-    }
+    if (s.we_initialized) world_setup_at_init();
     s.ready = true;
     profile_from_environment();
 }

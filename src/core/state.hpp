@@ -20,6 +20,8 @@ struct State {
     bool abort_on_failure = true;
     int world_rank = -1;           // cached for signal handlers and the watchdog
     int world_size = 0;
+    // The world set-up ran (or its door was passed at exit; exit_guard.cpp).
+    std::atomic<bool> world_set_up{false};
 };
 State& state();
 

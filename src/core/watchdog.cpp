@@ -54,6 +54,7 @@ struct Board {
     std::vector<int> world_ranks;       // node rank -> world rank
     std::atomic<bool> ready{false};
     bool tried = false;
+    bool unusable = false;  // set up, but a query failed: freed, never read
 };
 Board& board() {
     static auto* b = new Board;
@@ -70,6 +71,10 @@ std::string name_of(MPI_Comm comm) {
 
 std::string missing_ranks(std::uint64_t my_seq, MPI_Comm comm) {
     auto& b = board();
+    int n = 0;
+    if (!state().world_set_up.load() && MPI_Comm_size(comm, &n) == MPI_SUCCESS && n == state().world_size)
+        return "; a rank has not come to its first collective spanning every rank (this one waits "
+               "for it to set up)";
     if (comm != MPI_COMM_WORLD || !b.ready.load()) return "";
     std::string late;
     for (std::size_t i = 0; i < b.slots.size(); ++i) {
@@ -138,9 +143,10 @@ void stop_hook() {
 
 void free_board_hook() {
     auto& b = board();
-    if (b.ready.exchange(false)) {
+    if (b.ready.exchange(false) || b.unusable) {
         MPI_Win_free(&b.win);
         MPI_Comm_free(&b.node);
+        b.unusable = false;
     }
 }
 
@@ -171,46 +177,53 @@ void watchdog_disarm(std::uint64_t id) {
         }
 }
 
-void arrival_mark(std::uint64_t world_seq) {
-    constexpr const char* call = "mpiml watchdog";
+void arrival_board_setup() {
     auto& b = board();
-    if (!b.ready.load() && !b.tried) {
-        b.tried = true;  // once: a failed set-up is not retried (nor a collective again)
-        // Collective over the world: every rank is entering the same call.
-        check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &b.node),
-                  call);
-        int n = 0, me = 0;
-        check_mpi(MPI_Comm_size(b.node, &n), call);
-        check_mpi(MPI_Comm_rank(b.node, &me), call);
-        void* base = nullptr;
-        if (MPI_Win_allocate_shared(sizeof(std::uint64_t), sizeof(std::uint64_t), MPI_INFO_NULL,
-                                    b.node, &base, &b.win) != MPI_SUCCESS) {
-            MPI_Comm_free(&b.node);
-            return;  // no board: the watchdog still fires, without naming late ranks
-        }
-        b.mine = static_cast<std::uint64_t*>(base);
-        *b.mine = 0;
-        b.slots.resize(n);
-        for (int r = 0; r < n; ++r) {
-            MPI_Aint size = 0;
-            int disp = 0;
-            void* p = nullptr;
-            check_mpi(MPI_Win_shared_query(b.win, r, &size, &disp, &p), call);
-            b.slots[r] = static_cast<std::uint64_t*>(p);
-        }
-        MPI_Group gn, gw;
-        check_mpi(MPI_Comm_group(b.node, &gn), call);
-        check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &gw), call);
-        std::vector<int> nr(n);
-        for (int r = 0; r < n; ++r) nr[r] = r;
-        b.world_ranks.resize(n);
-        const int rc = MPI_Group_translate_ranks(gn, n, nr.data(), gw, b.world_ranks.data());
-        MPI_Group_free(&gn);
-        MPI_Group_free(&gw);
-        check_mpi(rc, call);
-        b.ready.store(true);
-        register_finalize_hook(free_board_hook);
+    if (b.tried) return;
+    b.tried = true;  // once: a failed set-up is not retried (nor a collective again)
+    // Collective over the world; without a board the watchdog still fires,
+    // without naming late ranks.
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &b.node) !=
+        MPI_SUCCESS) {
+        b.node = MPI_COMM_NULL;
+        return;
     }
+    int n = 0;
+    MPI_Comm_size(b.node, &n);
+    void* base = nullptr;
+    if (MPI_Win_allocate_shared(sizeof(std::uint64_t), sizeof(std::uint64_t), MPI_INFO_NULL, b.node,
+                                &base, &b.win) != MPI_SUCCESS) {
+        MPI_Comm_free(&b.node);
+        return;
+    }
+    b.mine = static_cast<std::uint64_t*>(base);
+    *b.mine = 0;
+    b.slots.assign(static_cast<std::size_t>(n), nullptr);
+    std::vector<int> nr(static_cast<std::size_t>(n));
+    b.world_ranks.assign(static_cast<std::size_t>(n), MPI_UNDEFINED);
+    bool ok = true;
+    for (int r = 0; r < n; ++r) {
+        MPI_Aint size = 0;
+        int disp = 0;
+        void* p = nullptr;
+        ok = ok && MPI_Win_shared_query(b.win, r, &size, &disp, &p) == MPI_SUCCESS && p != nullptr;
+        b.slots[static_cast<std::size_t>(r)] = static_cast<std::uint64_t*>(p);
+        nr[static_cast<std::size_t>(r)] = r;
+    }
+    MPI_Group gn, gw;
+    MPI_Comm_group(b.node, &gn);
+    MPI_Comm_group(MPI_COMM_WORLD, &gw);
+    ok = ok && MPI_Group_translate_ranks(gn, n, nr.data(), gw, b.world_ranks.data()) == MPI_SUCCESS;
+    MPI_Group_free(&gn);
+    MPI_Group_free(&gw);
+    // Freeing is collective: registered on every rank alike, board or not.
+    register_finalize_hook(free_board_hook);
+    b.ready.store(ok);
+    if (!ok) b.unusable = true;
+}
+
+void arrival_mark(std::uint64_t world_seq) {
+    auto& b = board();
     if (b.ready.load(std::memory_order_relaxed))
         std::atomic_ref<std::uint64_t>(*b.mine).store(world_seq, std::memory_order_relaxed);
 }

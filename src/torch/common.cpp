@@ -75,6 +75,7 @@ std::string describe(const char* kind, const std::string& name, const at::Tensor
     for (std::size_t i = 0; i < t.sizes().size(); ++i) os << (i ? ", " : "") << t.sizes()[i];
     os << ']';
     if (t.layout() != at::kStrided) os << ' ' << t.layout();
+    if (!t.device().is_cpu()) os << " on " << t.device();
     return os.str();
 }
 

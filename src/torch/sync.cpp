@@ -25,8 +25,9 @@ constexpr std::size_t kSyncBucket = std::size_t{4} << 20;
 std::uint64_t hash_entry(const Named& e) {
     std::uint64_t h = fnv1a(e.kind, std::strlen(e.kind), fnv_basis);
     h = fnv1a(e.name.data(), e.name.size(), h);
-    const std::int64_t meta[3] = {static_cast<std::int64_t>(e.tensor.scalar_type()),
-                                  static_cast<std::int64_t>(e.tensor.layout()), e.tensor.dim()};
+    const std::int64_t meta[4] = {static_cast<std::int64_t>(e.tensor.scalar_type()),
+                                  static_cast<std::int64_t>(e.tensor.layout()), e.tensor.dim(),
+                                  static_cast<std::int64_t>(e.tensor.device().type())};
     h = fnv1a(meta, sizeof meta, h);
     const auto sz = e.tensor.sizes();
     h = fnv1a(sz.data(), sz.size() * sizeof(std::int64_t), h);
@@ -51,6 +52,10 @@ void sync_entries(const std::vector<Named>& entries, int root, MPI_Comm comm) {
         if (e.tensor.layout() != at::kStrided || e.tensor.is_quantized())
             detail::fail(call, e.kind + std::string(" '") + e.name +
                                    "' is not a dense tensor; only dense tensors can be synced");
+    for (const auto& e : entries)
+        if (!e.tensor.device().is_cpu())
+            detail::fail(call, e.kind + std::string(" '") + e.name + "' is on " + e.tensor.device().str() +
+                                   "; only CPU tensors can be synced (move the module to the CPU first)");
     if (size == 1) return;
     const bool is_root = proc_id(comm) == root;
 
