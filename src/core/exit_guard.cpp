@@ -186,14 +186,17 @@ void door_on_entry(Kind kind, std::uint64_t seq) {
         MPI_Wait(&req, MPI_STATUS_IGNORE) != MPI_SUCCESS)
         return;  // MPI's own error follows in the collective itself
     std::string ended;
+    int first_entering = -1;
     for (int j = 0; j < n; ++j) {
         const std::uint64_t w = all[static_cast<std::size_t>(j) * door_slots];
         if (w & ended_flag) ended += (ended.empty() ? "" : ", ") + remote_ended_text(j, w);
+        else if (first_entering < 0) first_entering = j;
     }
     if (ended.empty()) return;
-    // The rank that ended says so and ends the job; this rank's line only if
-    // it no longer can (it waited past its limit and is finalizing).
-    const timespec grace{2, 0};
+    // The rank that ended says so and ends the job. If it no longer can (it
+    // waited past its limit and is finalizing), the first rank entering
+    // does, one line for the job; the others only if that end never comes.
+    const timespec grace{first_entering == state().world_rank ? 2 : 10, 0};
     ::nanosleep(&grace, nullptr);
     abort_job(collective_text(mine[1]) + " cannot complete: " + ended + " before its first collective",
               1);
@@ -231,10 +234,17 @@ void door_at_exit() {
     }
     if (!done) return;
     std::vector<std::pair<int, std::uint64_t>> entering;
-    for (int j = 0; j < n; ++j)
+    int first_ended = -1;
+    for (int j = 0; j < n; ++j) {
         if (!((*all)[static_cast<std::size_t>(j) * door_slots] & ended_flag))
             entering.emplace_back(j, (*all)[static_cast<std::size_t>(j) * door_slots + 1]);
-    if (!entering.empty())
+        else if (first_ended < 0)
+            first_ended = j;
+    }
+    if (entering.empty()) return;
+    // One line and one MPI_Abort for the job: the first rank that ended;
+    // the others finalize, and that abort ends them.
+    if (first_ended == state().world_rank)
         abort_job(ended_text(status) + " while " + waiting_text(entering), status > 0 ? status : 1);
 }
 

@@ -9,6 +9,7 @@
 #include <mpiml/failure.hpp>
 #include <mpiml/session.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -83,14 +84,16 @@ void warn_tcp_links(int rank) {
 #endif
 }
 
-// The timeout before MPI starts (MPIML_TIMEOUT is validated after).
+// The deadline of MPI_Init: the timeout (MPIML_TIMEOUT is validated after),
+// at least 10 s (starting MPI takes longer than a small collective).
 double timeout_before_init(const SessionOptions& opts) {
-    if (opts.timeout) return *opts.timeout;
+    constexpr double at_least = 10;
+    if (opts.timeout) return *opts.timeout > 0 ? std::max(*opts.timeout, at_least) : 0;
     const char* v = std::getenv("MPIML_TIMEOUT");
     if (!v || !*v) return 0;
     char* end = nullptr;
     const double t = std::strtod(v, &end);
-    return end && *end == '\0' && std::isfinite(t) ? t : 0;
+    return end && *end == '\0' && std::isfinite(t) && t > 0 ? std::max(t, at_least) : 0;
 }
 
 // " (rank 3 of the launcher)": who waits, before MPI can say.
