@@ -7,12 +7,14 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -42,6 +44,8 @@ int body(const std::string& mode, int faulty) {
     if (mode == "segv" && me) *null_ptr = 1;
     if (mode == "sigkill" && me) ::kill(::getpid(), SIGKILL);
     if (mode == "stall" && me) ::sleep(600);
+    if (mode == "late" && me)  // not a failure: the others wait, then all end
+        std::this_thread::sleep_for(std::chrono::seconds(6));  // resumed after the report's signal
     if (mode == "loop") {  // every rank: large allreduces for 120 s (faults come from outside)
         std::vector<double> v(1 << 20, 1.0);
         for (int i = 0; i < 12000; ++i) {

@@ -4,8 +4,9 @@
 # The time counts from the fault: the earliest line the program appended to
 # $MPIML_FAULT_MARK (tests/fault_mark.hpp; a caller that injects the fault
 # from outside appends its own), or from the launch when there is none.
-# With EXPECT_OK=1: when the job ends with status 0 and its output does NOT match regex.
-# With REPORT_RANKS=n: also when the output holds the report of n ranks once, complete.
+# With EXPECT_OK=1: when the job ends with status 0 and its output does NOT match regex;
+# with EXPECT_OK=match: with status 0 and output that matches regex.
+# With REPORT_RANKS=n (np: the job's): also when the output holds the report of n ranks once, complete.
 set -u
 . "$(dirname "$0")/fault_mark.sh"
 launcher=$1 flags=$2 prog=$3 np=$4 mode=$5 faulty=$6 limit=$7 regex=$8
@@ -33,10 +34,14 @@ awk -v e="$elapsed" -v l="$limit" 'BEGIN { exit !(e <= l) }' || { echo "FAIL: to
 if [ "${EXPECT_OK:-0}" = 1 ]; then
   [ "$rc" -eq 0 ] || { echo "FAIL: job exited $rc"; ok=0; }
   ! grep -Eq -- "$regex" <<<"$out" || { echo "FAIL: output matches /$regex/"; ok=0; }
+elif [ "${EXPECT_OK:-0}" = match ]; then
+  [ "$rc" -eq 0 ] || { echo "FAIL: job exited $rc"; ok=0; }
+  grep -Eq -- "$regex" <<<"$out" || { echo "FAIL: output does not match /$regex/"; ok=0; }
 else
   [ "$rc" -ne 0 ] || { echo "FAIL: job exited 0"; ok=0; }
   grep -Eq -- "$regex" <<<"$out" || { echo "FAIL: output does not match /$regex/"; ok=0; }
 fi
+[ "${REPORT_RANKS:-}" = np ] && REPORT_RANKS=$np
 if [ -n "${REPORT_RANKS:-}" ]; then
   f=$(mktemp)
   printf '%s\n' "$out" > "$f"

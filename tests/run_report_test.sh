@@ -12,6 +12,9 @@
 #   signal    SIGUSR1 to the launcher while rank 2 is late: the report, and
 #             the job ends with 0
 #   command   the same through mpiml-report <launcher pid>
+#   stall     MPIML_STALL_WARNING=2 while rank 2 is late: ranks 0 and 1 each
+#             say once where they wait and that rank 2 never arrived, rank 0
+#             prints the report once, and the job ends with 0
 #   mismatch  MPIML_CHECK=1, rank 1 passes another count: the error names
 #             both call sites
 set -u
@@ -64,6 +67,10 @@ case $case in
     fi
     wait $job
     rc=$? ;;
+  stall)
+    # shellcheck disable=SC2086
+    MPIML_STALL_WARNING=2 timeout 60 "$launcher" -np 3 $flags "${prog[@]}" demand 6 > "$dir/out" 2>&1
+    rc=$? ;;
   mismatch)
     # shellcheck disable=SC2086
     MPIML_CHECK=1 timeout 40 "$launcher" -np 3 $flags "${prog[@]}" mismatch > "$dir/out" 2>&1
@@ -109,7 +116,17 @@ case $case in
   signal|command)
     check_report
     [ "$rc" -eq 0 ] || fail "the job exited $rc"
-    grep -q "hang_child: demand done" "$out" || fail "the job did not go on to its end" ;;
+    grep -q "hang_child: demand done" "$out" || fail "the job did not go on to its end"
+    ! grep -q "stall:" "$out" || fail "a stall warning within MPIML_STALL_WARNING's default 60 s" ;;
+  stall)
+    check_report
+    [ "$rc" -eq 0 ] || fail "the job exited $rc"
+    grep -q "hang_child: demand done" "$out" || fail "the job did not go on to its end"
+    for r in 0 1; do
+      [ "$(grep -Ec "^\[mpiml\] rank $r/3: stall: barrier #[0-9]+ \(.*, on MPI_COMM_WORLD\) at [^ ]*$base:$(line WAIT-LINE)( in [^ ]+)? has waited [^;]+; ranks on this node \([^)]+\) that never arrived: 2 \(last entered #[0-9]+\) - the job goes on" "$out")" -eq 1 ] ||
+        fail "not one stall line of rank $r naming its barrier and rank 2"
+    done
+    ! grep -q "rank 2/3: stall:" "$out" || fail "rank 2, the late one, warned of a stall" ;;
   mismatch)
     [ "$rc" -eq 0 ] || fail "the job exited $rc"
     for r in 0 1 2; do

@@ -167,6 +167,62 @@ TEST(Watchdog, SeveralWatchesAtOnce) {
     mpiml::barrier();
 }
 
+// Two threads of one rank in collectives on one communicator at once: MPI
+// matches collectives by their order on each rank, so that is a hang or
+// mixed-up data; the second thread's call is an error naming the first's.
+// Threads on communicators of their own are left alone.
+TEST(Watchdog, TwoThreadsOnOneCommunicatorIsAnError) {
+    if (mpiml::num_procs() < 2) GTEST_SKIP() << "needs 2 ranks";
+    const int me = mpiml::proc_id(), n = mpiml::num_procs();
+    MPI_Comm comm, signal;
+    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &comm), MPI_SUCCESS);
+    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &signal), MPI_SUCCESS);
+    mpiml::barrier(comm);
+    std::vector<double> x(3, 1.0);
+    if (me == 0) {
+        // A thread waits in a barrier on comm that the others join only after
+        // this thread's second call has failed (the signal barrier).
+        std::atomic<bool> started{false};
+        std::thread inside([&] {
+            started = true;
+            mpiml::barrier(comm);
+        });
+        while (!started) std::this_thread::yield();
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        try {
+            mpiml::allreduce(x, mpiml::Op::sum, comm);
+            ADD_FAILURE() << "no error";
+        } catch (const mpiml::Error& e) {
+            const std::string what = e.what();
+            EXPECT_NE(what.find("mpiml::allreduce on rank 0/" + std::to_string(n)), std::string::npos) << what;
+            EXPECT_NE(what.find("another thread of this rank is inside barrier #2 on this communicator"),
+                      std::string::npos) << what;
+        }
+        mpiml::barrier(signal);
+        inside.join();
+    } else {
+        mpiml::barrier(signal);
+        mpiml::barrier(comm);
+    }
+    // Still in step on comm: the failed call issued nothing.
+    mpiml::allreduce(x, mpiml::Op::sum, comm);
+    EXPECT_EQ(x[0], n);
+    // Two threads, each on a communicator of its own, at once.
+    int bad[2] = {0, 0};
+    std::thread other([&] {
+        for (int i = 0; i < 200; ++i)
+            if (mpiml::mpi_sum(i, signal) != i * n) ++bad[1];
+    });
+    for (int i = 0; i < 200; ++i)
+        if (mpiml::mpi_sum(2 * i, comm) != 2 * i * n) ++bad[0];
+    other.join();
+    EXPECT_EQ(bad[0], 0);
+    EXPECT_EQ(bad[1], 0);
+    MPI_Comm_free(&comm);
+    MPI_Comm_free(&signal);
+    mpiml::barrier();
+}
+
 // A door collective that disagrees across ranks fails on every rank with the
 // core's mismatch message, describing each rank's signature.
 TEST(Watchdog, DoorMismatchIsTheCoresError) {

@@ -650,7 +650,10 @@ void PPO::update() {
         nets.pi.backward(dy_.data());
         *kl_slot_ = static_cast<float>(info.kl);
         mpiml::mpi_avg_grads(pi_and_kl_);
-        if (*kl_slot_ > 1.5 * cfg_.target_kl) break;
+        if (*kl_slot_ > 1.5 * cfg_.target_kl) {
+            mpiml::pprint(fmt::format("Early stopping at step {} due to reaching max kl.", i));
+            break;
+        }
         pi_opt_->step();
     }
     // Forward and backward passes: the old loss (forward only) and each iteration's.

@@ -41,6 +41,9 @@ template <class R>
 using range_elem_t = std::remove_cv_t<std::ranges::range_value_t<R>>;
 
 namespace detail {
+
+struct CommUse;
+
 /// The type-erased core. send may be MPI_IN_PLACE. count may exceed INT_MAX.
 /// call names the call in errors and profiles and must live as long as the
 /// profile: a string literal, or detail::profile_intern(name).
@@ -91,6 +94,7 @@ private:
     std::int64_t check_ns_ = -1;
     bool marked_ = false;
     std::uint64_t history_ = 0;
+    CommUse* use_ = nullptr;
 };
 
 /// A door's wait outside a collective (a posted send or receive), watched

@@ -271,6 +271,43 @@ def test_comm_may_be_an_mpi4py_communicator():
         mt.mpi_sum(1.0, comm="world")
 
 
+def test_two_threads_on_one_communicator_is_an_error():
+    # A thread of rank 0 waits in a barrier on comm (the others join it only
+    # after the main thread's call on comm failed); threads on communicators
+    # of their own run side by side.
+    import threading
+    import time
+    if SIZE < 2:
+        pytest.skip("needs 2 ranks")
+    comm, signal = MPI.COMM_WORLD.Dup(), MPI.COMM_WORLD.Dup()
+    try:
+        mt.barrier(comm)
+        if RANK == 0:
+            inside = threading.Thread(target=mt.barrier, args=(comm,))
+            inside.start()
+            time.sleep(0.3)
+            with pytest.raises(mpiml.Error, match=r"mpi_sum on rank 0/%d: another thread of this "
+                               r"rank is inside barrier #2 on this communicator" % SIZE):
+                mt.mpi_sum(1.0, comm=comm)
+            mt.barrier(signal)
+            inside.join()
+        else:
+            mt.barrier(signal)
+            mt.barrier(comm)
+        assert mt.mpi_sum(1.0, comm=comm) == SIZE  # in step: the failed call issued nothing
+        sums = []
+        other = threading.Thread(target=lambda: sums.extend(mt.mpi_sum(float(i), comm=signal)
+                                                            for i in range(100)))
+        other.start()
+        mine = [mt.mpi_sum(2.0 * i, comm=comm) for i in range(100)]
+        other.join()
+        assert sums == [i * SIZE for i in range(100)]
+        assert mine == [2 * i * SIZE for i in range(100)]
+    finally:
+        comm.Free()
+        signal.Free()
+
+
 def test_sum_avg_arguments_as_a_python_function():
     # mpi_sum/mpi_avg parse their own arguments (no pybind11 dispatch)
     assert mt.mpi_avg(x=2.0) == 2.0 and mt.mpi_sum(2.0, comm=None) == 2.0 * SIZE

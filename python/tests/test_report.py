@@ -2,7 +2,8 @@
 test (run by ctest at one rank), checked by tests/run_report_test.sh like the
 C++ program's: the report on a hang names the late rank's Python line and the
 others' collective, SIGUSR1 and mpiml-report print it and the job goes on,
-and a mismatch names each rank's Python call site."""
+a stall warning prints it once and the job goes on, and a mismatch names
+each rank's Python call site."""
 import os
 import pathlib
 import re
@@ -21,7 +22,7 @@ CHECK = HERE.parent.parent / "tests" / "run_report_test.sh"
 CHILD = HERE / "hang_child.py"
 
 
-@pytest.mark.parametrize("case", ["hang", "hang0", "signal", "command", "mismatch"])
+@pytest.mark.parametrize("case", ["hang", "hang0", "signal", "command", "stall", "mismatch"])
 def test_report(case):
     tool = os.environ.get("MPIML_REPORT_TOOL", "")
     if case == "command" and not os.access(tool, os.X_OK):

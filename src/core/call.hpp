@@ -4,6 +4,7 @@
 
 #include "core/op.hpp"
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -31,8 +32,19 @@ struct CallInfo {
 };
 std::string describe(const CallInfo& c);
 
-/// Sequence number of the next collective on comm (per communicator).
-std::uint64_t next_sequence(MPI_Comm comm);
+/// A communicator's collectives on this rank: their count, and the thread
+/// inside one (0: none) with its kind and number (seq << 8 | kind).
+struct CommUse {
+    std::uint64_t seq = 0;  // written by the owner only
+    std::atomic<std::uintptr_t> owner{0};
+    std::atomic<std::uint64_t> what{0};
+};
+
+/// Claims comm for this thread's collective and returns its sequence number;
+/// held: the claim to release (null when this thread already holds it).
+/// Another thread inside a collective on comm: an error naming it.
+std::uint64_t claim_comm(Kind kind, MPI_Comm comm, const char* call, CommUse*& held);
+void release_comm(CommUse*& held);
 
 /// A collective being profiled: recorded when its CollectiveScope ends.
 struct ProfileMark {
@@ -55,6 +67,7 @@ private:
     std::uint64_t watch_ = 0;  // the watchdog's id, 0: not watched
     bool marked_ = false;  // on the exit guard's board
     std::uint64_t history_ = 0;  // its entry in the history (report.cpp)
+    CommUse* use_ = nullptr;  // this thread's claim on the communicator
     std::optional<ProfileMark> profile_;
 };
 

@@ -7,6 +7,7 @@
 #include "core/state.hpp"
 #include "core/op.hpp"
 #include "core/types.hpp"
+#include "core/arrival.hpp"
 #include "core/watchdog.hpp"
 #include "core/backend.hpp"
 
@@ -22,6 +23,7 @@
 #include <cstring>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -47,8 +49,14 @@ MPI_Datatype type_of_id(std::int64_t id) {
 
 int seq_keyval = MPI_KEYVAL_INVALID;
 int delete_seq(MPI_Comm, int, void* value, void*) {
-    delete static_cast<std::uint64_t*>(value);
+    delete static_cast<CommUse*>(value);
     return MPI_SUCCESS;
+}
+
+// This thread's tag in CommUse::owner (never 0).
+std::uintptr_t thread_tag() {
+    thread_local char tag;
+    return reinterpret_cast<std::uintptr_t>(&tag);
 }
 
 // Every rank is a member (the exit guard's concern).
@@ -98,27 +106,68 @@ std::string describe(const CallInfo& c) {
     return s + ")";
 }
 
-std::uint64_t next_sequence(MPI_Comm comm) {
-    // MPI_COMM_WORLD's counter, found once: Open MPI's attribute lookup takes
-    // a lock, a third of a small collective's own cost.
-    static std::atomic<std::uint64_t*> world{nullptr};
+CommUse* comm_use(MPI_Comm comm) {
+    // MPI_COMM_WORLD's, found once: Open MPI's attribute lookup takes a lock,
+    // a third of a small collective's own cost.
+    static std::atomic<CommUse*> world{nullptr};
     if (comm == MPI_COMM_WORLD)
-        if (std::uint64_t* w = world.load(std::memory_order_relaxed)) return ++*w;
-    if (seq_keyval == MPI_KEYVAL_INVALID)
-        check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_seq, &seq_keyval, nullptr),
-                  "MPI_Comm_create_keyval");
+        if (CommUse* w = world.load(std::memory_order_acquire)) return w;
+    static std::mutex create;
+    static std::atomic<bool> keyval_made{false};
+    if (!keyval_made.load(std::memory_order_acquire)) {
+        std::lock_guard lk(create);
+        if (seq_keyval == MPI_KEYVAL_INVALID)
+            check_mpi(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_seq, &seq_keyval, nullptr),
+                      "MPI_Comm_create_keyval");
+        keyval_made.store(true, std::memory_order_release);
+    }
     void* v = nullptr;
     int flag = 0;
     check_mpi(MPI_Comm_get_attr(comm, seq_keyval, &v, &flag), "MPI_Comm_get_attr");
     if (!flag) {
-        auto* counter = new std::uint64_t(0);
-        const int rc = MPI_Comm_set_attr(comm, seq_keyval, counter);
-        if (rc != MPI_SUCCESS) delete counter;
-        check_mpi(rc, "MPI_Comm_set_attr");
-        v = counter;
+        std::lock_guard lk(create);  // two threads' first collectives on comm
+        check_mpi(MPI_Comm_get_attr(comm, seq_keyval, &v, &flag), "MPI_Comm_get_attr");
+        if (!flag) {
+            auto* use = new CommUse;
+            const int rc = MPI_Comm_set_attr(comm, seq_keyval, use);
+            if (rc != MPI_SUCCESS) delete use;
+            check_mpi(rc, "MPI_Comm_set_attr");
+            v = use;
+        }
     }
-    if (comm == MPI_COMM_WORLD) world.store(static_cast<std::uint64_t*>(v), std::memory_order_relaxed);
-    return ++*static_cast<std::uint64_t*>(v);
+    if (comm == MPI_COMM_WORLD) world.store(static_cast<CommUse*>(v), std::memory_order_release);
+    return static_cast<CommUse*>(v);
+}
+
+std::uint64_t claim_comm(Kind kind, MPI_Comm comm, const char* call, CommUse*& held) {
+    CommUse* use = comm_use(comm);
+    const std::uintptr_t me = thread_tag();
+    std::uintptr_t owner = 0;
+    if (!use->owner.compare_exchange_strong(owner, me, std::memory_order_acquire,
+                                            std::memory_order_acquire)) {
+        if (owner != me) {
+            const std::uint64_t what = use->what.load(std::memory_order_relaxed);
+            fail(call, std::string("another thread of this rank is inside ") +
+                           kind_name(static_cast<Kind>(what & 0xff)) +
+                           (what >> 8 ? " #" + std::to_string(what >> 8) : std::string()) +
+                           " on this communicator: collectives on a communicator must come "
+                           "from one thread at a time, in the same order on every rank "
+                           "(give each thread a communicator of its own: MPI_Comm_dup)");
+        }
+        held = nullptr;  // nested on this thread: the outer collective holds it
+        return ++use->seq;
+    }
+    held = use;
+    const std::uint64_t seq = ++use->seq;
+    use->what.store((seq << 8) | static_cast<std::uint64_t>(kind), std::memory_order_relaxed);
+    return seq;
+}
+
+void release_comm(CommUse*& held) {
+    if (!held) return;
+    held->what.store(0, std::memory_order_relaxed);
+    held->owner.store(0, std::memory_order_release);
+    held = nullptr;
 }
 
 namespace {
@@ -241,9 +290,9 @@ namespace {
 // (collective, on the first collective spanning every rank when another
 // library initialized MPI) may not. The watch is armed between the two
 // steps, so a rank that never comes to the set-up is a hang like any other.
-std::uint64_t begin_collective(MPI_Comm comm) {
+std::uint64_t begin_collective(Kind kind, MPI_Comm comm, const char* call, CommUse*& held) {
     if (injecting()) inject_on_collective();
-    return next_sequence(comm);
+    return claim_comm(kind, comm, call, held);
 }
 
 // marked: on the exit guard's board.
@@ -261,7 +310,7 @@ void enter_collective(Kind kind, std::uint64_t seq, MPI_Comm comm, bool& marked)
 }
 
 // history: the entry's token, never 0 once entered.
-void leave_collective(bool& marked, std::uint64_t& watch, std::uint64_t& history) {
+void leave_collective(bool& marked, std::uint64_t& watch, std::uint64_t& history, CommUse*& held) {
     if (history) collective_left();
     history_leave(history);
     history = 0;
@@ -269,6 +318,7 @@ void leave_collective(bool& marked, std::uint64_t& watch, std::uint64_t& history
     marked = false;
     watchdog_disarm(watch);
     watch = 0;
+    release_comm(held);
 }
 }  // namespace
 
@@ -286,12 +336,13 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
     const bool check = s.check.load(std::memory_order_relaxed);
     const bool timed = s.timeout.load(std::memory_order_relaxed) > 0;
     const std::int64_t t0 = prof ? profile_now() : 0;
-    const std::uint64_t seq = begin_collective(info.comm);
+    const std::uint64_t seq = begin_collective(info.kind, info.comm, info.call, use_);
     if (timed) watch_ = watchdog_arm(Watched{info, seq, 0, {}, {}});
     try {
         enter_collective(info.kind, seq, info.comm, marked_);
     } catch (...) {
         watchdog_disarm(watch_);
+        release_comm(use_);
         throw;
     }
     history_ = history_enter(info, seq);
@@ -300,7 +351,7 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
         try {
             check_consistent(info, seq);
         } catch (...) {
-            leave_collective(marked_, watch_, history_);
+            leave_collective(marked_, watch_, history_, use_);
             throw;
         }
     }
@@ -310,7 +361,7 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
 }
 
 CollectiveScope::~CollectiveScope() {
-    leave_collective(marked_, watch_, history_);
+    leave_collective(marked_, watch_, history_, use_);
     if (profile_) profile_collective(*profile_);
 }
 
@@ -320,7 +371,7 @@ DoorScope::DoorScope(const DoorCall& d) : comm_(d.comm), outer_(t_door) {
     const bool timed = d.timeout > 0 || s.timeout.load(std::memory_order_relaxed) > 0;
     t0_ = profile_on.load(std::memory_order_relaxed) ? profile_now() : 0;
     const Kind kind = door_kind(d.kind);
-    seq_ = begin_collective(d.comm);
+    seq_ = begin_collective(kind, d.comm, d.call, use_);
     if (timed)
         watch_ = watchdog_arm(
             Watched{{kind, d.call, 0, MPI_DATATYPE_NULL, -1, -1, d.comm}, seq_, d.timeout, d.call, d.where});
@@ -328,6 +379,7 @@ DoorScope::DoorScope(const DoorCall& d) : comm_(d.comm), outer_(t_door) {
         enter_collective(kind, seq_, d.comm, marked_);
     } catch (...) {
         watchdog_disarm(watch_);
+        release_comm(use_);
         throw;
     }
     history_ = history_enter({kind, d.call, 0, MPI_DATATYPE_NULL, -1, -1, d.comm}, seq_);
@@ -335,7 +387,7 @@ DoorScope::DoorScope(const DoorCall& d) : comm_(d.comm), outer_(t_door) {
         try {
             check_agreement(d.sig, d.nsig, d.comm, d.call, seq_, d.describe, AgreeWait::poll);
         } catch (...) {
-            leave_collective(marked_, watch_, history_);
+            leave_collective(marked_, watch_, history_, use_);
             throw;
         }
         if (t0_) check_ns_ = profile_now() - t0_;
@@ -345,7 +397,7 @@ DoorScope::DoorScope(const DoorCall& d) : comm_(d.comm), outer_(t_door) {
 
 DoorScope::~DoorScope() {
     if (t_door == this) t_door = outer_;
-    leave_collective(marked_, watch_, history_);
+    leave_collective(marked_, watch_, history_, use_);
 }
 
 DoorWatch::DoorWatch(std::string call, double timeout, std::string where) {

@@ -149,6 +149,7 @@ EnvConfig read_env_config() {
     EnvConfig c;
     if (auto v = get("MPIML_CHECK")) c.check = parse_bool("MPIML_CHECK", *v);
     if (auto v = get("MPIML_TIMEOUT")) c.timeout = parse_seconds("MPIML_TIMEOUT", *v);
+    if (auto v = get("MPIML_STALL_WARNING")) c.stall_warning = parse_seconds("MPIML_STALL_WARNING", *v);
 
     shm::Config& s = c.shm;
     s.allreduce_threshold = kDefaultAllreduceThreshold;

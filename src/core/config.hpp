@@ -32,6 +32,7 @@ struct EnvConfig {
     std::optional<bool> c10d_check; // MPIML_C10D_CHECK
     std::optional<bool> report;     // MPIML_REPORT: the report agent (default on)
     std::string report_dir;         // MPIML_REPORT_DIR (default ./mpiml-reports)
+    double stall_warning = 60;      // MPIML_STALL_WARNING, seconds (0: off)
 };
 
 /// Parses MPIML_INJECT's value (exposed for tests).

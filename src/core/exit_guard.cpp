@@ -15,6 +15,7 @@
 
 #include "core/report.hpp"
 #include "core/state.hpp"
+#include "core/arrival.hpp"
 #include "core/watchdog.hpp"
 
 #include <mpiml/failure.hpp>

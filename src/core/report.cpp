@@ -16,6 +16,7 @@
 
 #include "core/config.hpp"
 #include "core/state.hpp"
+#include "core/arrival.hpp"
 
 #include <mpiml/datatype.hpp>
 #include <mpiml/error.hpp>
@@ -450,6 +451,7 @@ struct Agent {
     std::string last_text;
     Clock::time_point last_done{};
     int reports = 0;
+    Clock::time_point last_stall{};  // rank 0: the last stall report
 };
 Agent& agent() {
     static auto* a = new Agent;  // never destroyed (the thread reads it until exit)
@@ -755,6 +757,75 @@ std::string rank_line(const std::string& hang_request, const char* tail = " - ab
     abort_quietly(1);
 }
 
+// Rank 0: the report of a stall, at most one per MPIML_STALL_WARNING seconds
+// (the ranks that wait for the same late rank all say so).
+void stall_report(const std::string& reason) {
+    auto& a = agent();
+    const double limit = env_config().stall_warning;
+    if (a.last_stall != Clock::time_point{} && seconds(a.last_stall, Clock::now()) < limit) return;
+    make_report(reason);
+    a.last_stall = Clock::now();
+}
+
+// MPIML_STALL_WARNING: each of this rank's collectives in progress for
+// longer than the limit is said once, on a line of this rank's, and rank 0
+// prints the report of every rank; the job goes on. Time the process was
+// stopped (SIGSTOP, Slurm's suspend: the agent's ticks come late) does not
+// count.
+class Stalls {
+public:
+    void tick() {
+        const double limit = env_config().stall_warning;
+        if (limit <= 0) return;
+        const std::int64_t now = coarse_ns();
+        // A tick 6 s late: stopped (this agent's own reports take at most 4 s).
+        if (last_ && now - last_ > 6 * tick_ns) paused_ += now - last_ - tick_ns;
+        last_ = now;
+        std::vector<Seen> still;
+        for (const Slot& slot : history().ring) {
+            Entry e;
+            if (!load_entry(slot, e) || e.t1 != 0) continue;
+            auto it = std::find_if(seen_.begin(), seen_.end(), [&](const Seen& x) { return x.token == e.token; });
+            Seen s = it != seen_.end() ? *it : Seen{e.token, paused_, false};
+            const std::int64_t waited = now - e.t0 - (paused_ - s.paused_at);
+            if (!s.warned && waited >= static_cast<std::int64_t>(limit * 1e9)) {
+                s.warned = true;
+                warn(e, waited);
+            }
+            still.push_back(s);
+        }
+        seen_ = std::move(still);
+    }
+
+    static constexpr std::int64_t tick_ns = 1'000'000'000;
+
+private:
+    struct Seen {
+        std::uint64_t token;
+        std::int64_t paused_at;
+        bool warned;
+    };
+
+    void warn(const Entry& e, std::int64_t waited) {
+        auto& a = agent();
+        const std::string what = "stall: " + entry_text(e) + " has waited " + fmt_span(waited) +
+                                 (e.world ? missing_ranks(e.seq, MPI_COMM_WORLD) : std::string());
+        write_stderr("[mpiml] rank " + std::to_string(a.rank) + "/" + std::to_string(a.size) + ": " +
+                     what + " - the job goes on (MPIML_TIMEOUT=s ends a hung job)\n");
+        const std::string reason = "rank " + std::to_string(a.rank) + "/" + std::to_string(a.size) + ": " + what;
+        if (a.rank == 0) {
+            stall_report(reason);
+        } else if (const int fd = connect_to(a.cards[0], Clock::now() + std::chrono::seconds(1)); fd >= 0) {
+            send_all(fd, cookie_hex(a.cards[0].cookie) + " STALL " + one_line(reason) + "\n",
+                     Clock::now() + std::chrono::seconds(1));
+            ::close(fd);
+        }
+    }
+
+    std::int64_t last_ = 0, paused_ = 0;
+    std::vector<Seen> seen_;
+};
+
 void serve(int fd) {
     auto& a = agent();
     const auto until = Clock::now() + std::chrono::milliseconds(2000);
@@ -769,6 +840,10 @@ void serve(int fd) {
         return;
     }
     if (a.rank == 0 && rest.rfind("HANG ", 0) == 0) end_job_after_report(fd, rest.substr(5));
+    if (a.rank == 0 && rest.rfind("STALL ", 0) == 0) {
+        stall_report(rest.substr(6));
+        return;
+    }
     const bool wait = rest.rfind("REPORT ", 0) == 0;
     if (a.rank != 0 || (!wait && rest.rfind("NOTIFY ", 0) != 0)) return;
     // Requests that came while the last report was being made get that one.
@@ -835,12 +910,16 @@ void on_usr1(int sig, siginfo_t* info, void* context) {
 
 void agent_loop() {
     auto& a = agent();
+    Stalls stalls;
+    const int wait_ms = env_config().stall_warning > 0 ? static_cast<int>(Stalls::tick_ns / 1'000'000) : -1;
     for (;;) {
         pollfd p[2] = {{a.listen_fd, POLLIN, 0}, {a.pipe_r, POLLIN, 0}};
-        if (::poll(p, 2, -1) < 0) {
+        const int r = ::poll(p, 2, wait_ms);
+        if (r < 0) {
             if (errno == EINTR) continue;
             return;
         }
+        stalls.tick();
         if (p[1].revents) {
             char c = 0;
             if (::read(a.pipe_r, &c, 1) == 1 && c == 'q') return;

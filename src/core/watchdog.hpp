@@ -26,10 +26,5 @@ struct Watched {
 std::uint64_t watchdog_arm(Watched w);
 /// Disarms the watch with this id (0: none).
 void watchdog_disarm(std::uint64_t id);
-/// Sets up the node's arrival board, collectively over MPI_COMM_WORLD (once;
-/// part of the world set-up, exit_guard.hpp).
-void arrival_board_setup();
-/// Marks entry into a world collective (for "ranks that never arrived").
-void arrival_mark(std::uint64_t world_seq);
 
 }  // namespace mpiml::detail

@@ -1,13 +1,18 @@
 # Runs mpiml-ppo for two tiny epochs on NP ranks (through --cpu, i.e.
 # mpi_fork), checks every output, then runs --test on the saved policy.
 # -DPROG=... -DENV=... -DNP=... -DSTEPS=... -DOUT=... [-DEXPECT_NAN_RETURNS=1]
+# [-DTARGET_KL=k: so small that the KL stops the policy updates early]
 set(ENV{OMPI_ALLOW_RUN_AS_ROOT} 1)
 set(ENV{OMPI_ALLOW_RUN_AS_ROOT_CONFIRM} 1)
 file(REMOVE_RECURSE ${OUT})
 
+set(extra)
+if(TARGET_KL)
+  set(extra --target-kl ${TARGET_KL})
+endif()
 execute_process(
   COMMAND ${PROG} --env ${ENV} --cpu ${NP} --seed 1 --epochs 2 --steps-per-epoch ${STEPS}
-          --train-pi-iters 5 --train-v-iters 5 --out ${OUT}
+          --train-pi-iters 5 --train-v-iters 5 --out ${OUT} ${extra}
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 240)
 message("${out}")
 if(NOT rc EQUAL 0)
@@ -39,6 +44,7 @@ if(NOT header STREQUAL expected)
 endif()
 string(REPLACE "\t" ";" cols "${header}")
 list(LENGTH cols ncols)
+set(early 0)  # rows whose policy updates the KL stopped
 foreach(i 1 2)
   list(GET lines ${i} row)
   string(REPLACE "\t" ";" fields "${row}")
@@ -61,6 +67,16 @@ foreach(i 1 2)
   if(NOT total EQUAL want)
     message(FATAL_ERROR "progress.txt row ${i}: TotalEnvInteracts ${total}, expected ${want}")
   endif()
+  # StopIter below the last iteration (4): the policy updates stopped early,
+  # and the console said so, as ppo.py does.
+  list(GET fields 18 stop)
+  string(REGEX REPLACE "\\.0$" "" stop "${stop}")  # logged as a float
+  if(stop LESS 4)
+    math(EXPR early "${early} + 1")
+    if(NOT out MATCHES "Early stopping at step ${stop} due to reaching max kl.\n")
+      message(FATAL_ERROR "StopIter ${stop} in row ${i}, but no \"Early stopping at step ${stop}\" line")
+    endif()
+  endif()
   list(GET fields 1 avg)
   if(EXPECT_NAN_RETURNS AND NOT avg STREQUAL "nan")
     message(FATAL_ERROR "no episode can end in these epochs, yet AverageEpRet is ${avg}")
@@ -68,6 +84,10 @@ foreach(i 1 2)
     message(FATAL_ERROR "AverageEpRet is nan in row ${i}")
   endif()
 endforeach()
+
+if(TARGET_KL AND early EQUAL 0)
+  message(FATAL_ERROR "no epoch stopped its policy updates early with --target-kl ${TARGET_KL}")
+endif()
 
 # config.json
 file(READ ${OUT}/config.json cfg)

@@ -1,0 +1,21 @@
+// The node's arrival board (arrival.cpp): the world collective each rank of
+// this node last entered, in a shared window.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+
+namespace mpiml::detail {
+
+/// Sets up the board, collectively over MPI_COMM_WORLD (once; part of the
+/// world set-up, exit_guard.hpp).
+void arrival_board_setup();
+/// Marks entry into a world collective.
+void arrival_mark(std::uint64_t world_seq);
+/// "; ranks on this node (host) that never arrived: ..." for a wait in
+/// collective my_seq on comm (the board knows MPI_COMM_WORLD's only).
+std::string missing_ranks(std::uint64_t my_seq, MPI_Comm comm);
+
+}  // namespace mpiml::detail
