@@ -7,6 +7,8 @@
 # With EXPECT_OK=1: when the job ends with status 0 and its output does NOT match regex;
 # with EXPECT_OK=match: with status 0 and output that matches regex.
 # With REPORT_RANKS=n (np: the job's): also when the output holds the report of n ranks once, complete.
+# With MPIML_PROFILE=tmp: the job profiles into a directory of its own, and the
+# faulty rank's profile_<rank>.json must hold its first allreduce.
 set -u
 . "$(dirname "$0")/fault_mark.sh"
 launcher=$1 flags=$2 prog=$3 np=$4 mode=$5 faulty=$6 limit=$7 regex=$8
@@ -17,6 +19,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export MPIML_REPORT_DIR=${MPIML_REPORT_DIR:-$tmp/reports}
 export MPIML_FAULT_MARK=${MPIML_FAULT_MARK:-$tmp/mark}
+[ "${MPIML_PROFILE:-}" = tmp ] && export MPIML_PROFILE=$tmp/profile
 start=$(date +%s.%N)
 # shellcheck disable=SC2086
 out=$(timeout $((limit + 30)) "$launcher" -np "$np" $flags "$prog" "$mode" "$faulty" "$@" 2>&1)
@@ -40,6 +43,15 @@ elif [ "${EXPECT_OK:-0}" = match ]; then
 else
   [ "$rc" -ne 0 ] || { echo "FAIL: job exited 0"; ok=0; }
   grep -Eq -- "$regex" <<<"$out" || { echo "FAIL: output does not match /$regex/"; ok=0; }
+fi
+if [ "${MPIML_PROFILE:-}" = "$tmp/profile" ]; then
+  /usr/bin/python3 - "$MPIML_PROFILE/profile_$faulty.json" "$faulty" <<'EOF' || { echo "FAIL: the faulty rank's profile"; ok=0; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["otherData"]["rank"] == int(sys.argv[2]), d["otherData"]
+assert any(e.get("cat") == "mpi" and e["args"]["seq"] == 1 for e in d["traceEvents"]), "no allreduce #1"
+print("profile of rank %s: %d events" % (sys.argv[2], len(d["traceEvents"])))
+EOF
 fi
 [ "${REPORT_RANKS:-}" = np ] && REPORT_RANKS=$np
 if [ -n "${REPORT_RANKS:-}" ]; then

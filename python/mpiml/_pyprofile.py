@@ -59,6 +59,25 @@ def discard():
     _take()
 
 
+def write_own(directory, rank, size):
+    """Not collective: this rank ends the job. Writes its cProfile statistics
+    to directory/profile_<rank>.prof (the other ranks' are lost) and says so
+    on stderr; never raises."""
+    import sys
+    try:
+        stats = _take()
+        if stats is None or not directory:
+            return
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, "profile_%d.prof" % rank)
+        stats.dump_stats(path)
+        sys.stderr.write("[mpiml] rank %d/%d: its Python profile until it ended the job: %s\n"
+                         % (rank, size, path))
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - on the way out of a failed job
+        pass
+
+
 def func_label(key):
     """file:line name, as pstats.func_std_string but with the line first."""
     filename, line, name = key

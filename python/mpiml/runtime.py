@@ -40,12 +40,24 @@ def _running_world():
         return None
 
 
+def _own_profile(world):
+    """A rank that ends the job writes its own Python profile (its C++
+    profile is written by abort_job)."""
+    if _pyprofile.running():
+        try:
+            directory = _core.profile_dir()
+        except Exception:  # noqa: BLE001 - never fail inside an excepthook
+            directory = ""
+        _pyprofile.write_own(directory, world[0], world[1])
+
+
 def _excepthook(exc_type, exc_value, tb):
     world = _running_world()
     (_prev_excepthook or sys.__excepthook__)(exc_type, exc_value, tb)
     if world is not None and world[1] > 1:
         sys.stdout.flush()
         sys.stderr.flush()
+        _own_profile(world)
         _core.abort_job(_abort_line(exc_type, exc_value), 1)
 
 
@@ -57,6 +69,7 @@ def _threading_excepthook(args):
     if world is not None and world[1] > 1:
         sys.stdout.flush()
         sys.stderr.flush()
+        _own_profile(world)
         _core.abort_job(_abort_line(args.exc_type, args.exc_value), 1)
 
 

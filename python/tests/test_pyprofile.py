@@ -136,6 +136,42 @@ def test_rank_ending_early_under_mpiml_profile_ends_the_job(tmp_path):
         p.stdout + p.stderr, p.stdout + p.stderr
 
 
+def test_rank_that_ends_the_job_by_an_exception_writes_its_own_profile(tmp_path):
+    """Writing the profile is collective, so a failed job's is lost but for
+    the rank that ends it: its cProfile statistics and its timeline, written
+    on the way out, named on stderr."""
+    script = tmp_path / "fails.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np
+        import mpiml.mpi_tools as mt
+
+        def own_work():
+            return sum(i * i for i in range(20000))
+
+        for _ in range(3):
+            mt.mpi_sum(np.ones(3) * own_work())
+        if mt.proc_id() == 1:
+            raise ValueError("injected")
+        mt.barrier()  # waits for rank 1
+        """))
+    d = tmp_path / "prof"
+    p = subprocess.run(mpirun(2, PY, str(script)), capture_output=True, text=True, timeout=60,
+                       env=clean_env(MPIML_PROFILE=str(d)))
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert "[mpiml] rank 1/2: ValueError: injected - aborting the job" in out, out
+    assert "[mpiml] rank 1/2: its Python profile until it ended the job: %s/profile_1.prof" % d in out, out
+    assert "[mpiml] rank 1/2: its profile until it ended the job: %s/profile_1.json" % d in out, out
+    stats = pstats.Stats(str(d / "profile_1.prof")).stats
+    assert any(k[2] == "own_work" and v[1] == 3 for k, v in stats.items()), sorted(stats)[:20]
+    trace = json.loads((d / "profile_1.json").read_text())
+    assert trace["otherData"]["rank"] == 1, trace["otherData"]
+    assert "alone" in trace["otherData"]["wait_times"], trace["otherData"]
+    sums = [e for e in trace["traceEvents"] if e.get("cat") == "mpi" and e["args"]["call"] == "mpi_sum"]
+    assert [e["args"]["seq"] for e in sums] == [1, 2, 3], sums
+    assert not (d / "timeline.json").exists()  # collective: not written
+
+
 def test_unwritable_profile_file_raises_on_every_rank(tmp_path):
     """A rank that cannot write its .prof: every rank raises mpiml.Error
     naming the call, its rank and the rank that failed; no hang."""

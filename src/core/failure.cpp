@@ -1,4 +1,5 @@
 // Abort on failure: print one clear line, then MPI_Abort the whole job.
+#include "core/profile_hooks.hpp"
 #include "core/state.hpp"
 
 #include <mpiml/failure.hpp>
@@ -110,6 +111,7 @@ void on_terminate() {
         // process before a long backtrace is out.
         print_abort_line(detail::current_exception_text());
         print_backtrace();
+        detail::profile_write_own();
         abort_mpi(1);
     });
     ::_exit(1);
@@ -168,7 +170,10 @@ void set_abort_record(const std::string& path) {
     if (::gethostname(host_name, sizeof host_name - 1) != 0) host_name[0] = '\0';
 }
 void record_abort_line(std::string_view what) { record_abort(what.data(), what.size()); }
-void abort_quietly(int code) { abort_mpi(code == 0 ? 1 : code); }
+void abort_quietly(int code) {
+    profile_write_own();
+    abort_mpi(code == 0 ? 1 : code);
+}
 }  // namespace detail
 
 void install_failure_handlers() {
@@ -191,6 +196,7 @@ void install_failure_handlers() {
 
 void abort_job(std::string_view what, int code) {
     print_abort_line(what);
+    detail::profile_write_own();
     abort_mpi(code == 0 ? 1 : code);
 }
 

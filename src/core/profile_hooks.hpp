@@ -18,5 +18,9 @@ void profile_collective(const ProfileMark& mark);
 void profile_from_environment();
 /// Stops profiling without writing anything (the parent process of mpi_fork).
 void profile_discard();
+/// A rank that ends the job (not from a signal handler): when profiling,
+/// writes its own DIR/profile_<rank>.json without MPI (the others' are lost)
+/// and says so on stderr. Never waits for a lock, never throws.
+void profile_write_own() noexcept;
 
 }  // namespace mpiml::detail

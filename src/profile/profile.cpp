@@ -31,6 +31,7 @@
 #include <vector>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 namespace mpiml {
 namespace detail {
@@ -724,6 +725,7 @@ struct Output {
     double wall;          // seconds, earliest start to latest stop
     bool waits;           // wait times measured
     int main_tid;
+    const char* alone = nullptr;  // written by this rank alone: why
 };
 
 // Every thread's recorded events, moved out of the live buffers and sorted.
@@ -762,7 +764,9 @@ std::string write_rank_file(const Output& o, const std::vector<ThreadEvents>& th
                   "\"started_by\":\"%s\"}}\n",
                   o.rank, o.size, o.wall, o.map.c1.offset, o.map.c1.measured,
                   static_cast<long long>(o.map.c1.rtt), o.map.c1.same_host ? "true" : "false",
-                  o.waits ? "measured" : "omitted: ranks issued different numbers of collectives",
+                  o.waits ? "measured"
+                          : o.alone ? o.alone
+                                    : "omitted: ranks issued different numbers of collectives",
                   from_env ? "MPIML_PROFILE" : "profile_start");
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
     f << "{\"traceEvents\":[\n";
@@ -987,6 +991,49 @@ std::string profile_dir() {
     std::lock_guard lock(p.m);
     return p.dir;
 }
+
+namespace detail {
+void profile_write_own() noexcept {
+    if (!profiling()) return;
+    try {
+        const std::int64_t stop = profile_now();
+        profile_on = false;
+        auto& p = prof();
+        std::unique_lock lock(p.m, std::try_to_lock);  // never wait on the way out
+        if (!lock) return;
+        std::vector<ThreadEvents> threads;
+        for (auto& t : p.threads) {
+            std::unique_lock tl(t->m, std::try_to_lock);
+            if (!tl || (t->events.size() == 0 && t->tid != p.main_tid)) continue;
+            ThreadEvents te;
+            te.tid = t->tid;
+            te.events.resize(t->events.size());
+            for (std::size_t i = 0; i < te.events.size(); ++i) te.events[i] = t->events[i];
+            te.colls.resize(t->colls.size());
+            for (std::size_t i = 0; i < te.colls.size(); ++i) te.colls[i] = t->colls[i];
+            threads.push_back(std::move(te));
+        }
+        for (auto& t : threads) std::sort(t.events.begin(), t.events.end(), before);
+        const auto& st = state();
+        Clock own;
+        char host[256] = {};
+        if (::gethostname(host, sizeof host - 1) == 0) own.host = host;
+        Output out{p.dir, MPI_COMM_NULL, st.world_rank, st.world_size, {std::nullopt, own},
+                   p.start, static_cast<double>(stop - p.start) * 1e-9, false, p.main_tid,
+                   "omitted: written by this rank alone as it ended the job (its own clock)"};
+        std::string error = make_dir(p.dir);
+        if (error.empty()) error = write_rank_file(out, threads, p.from_env);
+        const std::string head = "[mpiml] rank " + std::to_string(out.rank) + "/" + std::to_string(out.size);
+        const std::string line =
+            error.empty() ? head + ": its profile until it ended the job: " + p.dir + "/profile_" +
+                                std::to_string(out.rank) + ".json\n"
+                          : head + ": its profile not written: " + error + "\n";
+        std::fputs(line.c_str(), stderr);
+        std::fflush(stderr);
+    } catch (...) {
+    }
+}
+}  // namespace detail
 
 void profile_stop() {
     using namespace detail;
