@@ -728,6 +728,17 @@ struct Output {
     const char* alone = nullptr;  // written by this rank alone: why
 };
 
+// A copy of one thread's buffer (its lock held).
+ThreadEvents copy_events(const ThreadBuffer& t) {
+    ThreadEvents te;
+    te.tid = t.tid;
+    te.events.resize(t.events.size());
+    for (std::size_t i = 0; i < te.events.size(); ++i) te.events[i] = t.events[i];
+    te.colls.resize(t.colls.size());
+    for (std::size_t i = 0; i < te.colls.size(); ++i) te.colls[i] = t.colls[i];
+    return te;
+}
+
 // Every thread's recorded events, moved out of the live buffers and sorted.
 std::vector<ThreadEvents> take_events(Profiler& p, std::string& dir) {
     std::vector<ThreadEvents> threads;
@@ -737,15 +748,9 @@ std::vector<ThreadEvents> take_events(Profiler& p, std::string& dir) {
         for (auto& t : p.threads) {
             std::lock_guard tl(t->m);
             if (t->events.size() == 0 && t->tid != p.main_tid) continue;
-            ThreadEvents te;
-            te.tid = t->tid;
-            te.events.resize(t->events.size());
-            for (std::size_t i = 0; i < te.events.size(); ++i) te.events[i] = t->events[i];
-            te.colls.resize(t->colls.size());
-            for (std::size_t i = 0; i < te.colls.size(); ++i) te.colls[i] = t->colls[i];
+            threads.push_back(copy_events(*t));
             t->events.clear();
             t->colls.clear();
-            threads.push_back(std::move(te));
         }
     }
     for (auto& t : threads) std::sort(t.events.begin(), t.events.end(), before);
@@ -1005,13 +1010,7 @@ void profile_write_own() noexcept {
         for (auto& t : p.threads) {
             std::unique_lock tl(t->m, std::try_to_lock);
             if (!tl || (t->events.size() == 0 && t->tid != p.main_tid)) continue;
-            ThreadEvents te;
-            te.tid = t->tid;
-            te.events.resize(t->events.size());
-            for (std::size_t i = 0; i < te.events.size(); ++i) te.events[i] = t->events[i];
-            te.colls.resize(t->colls.size());
-            for (std::size_t i = 0; i < te.colls.size(); ++i) te.colls[i] = t->colls[i];
-            threads.push_back(std::move(te));
+            threads.push_back(copy_events(*t));
         }
         for (auto& t : threads) std::sort(t.events.begin(), t.events.end(), before);
         const auto& st = state();
