@@ -108,6 +108,16 @@ void arrival_board_setup() {
     if (!ok) b.unusable = true;
 }
 
+bool first_here_in(std::uint64_t world_seq) {
+    auto& b = board();
+    if (!b.ready.load()) return true;
+    const int me = state().world_rank;
+    for (std::size_t i = 0; i < b.slots.size(); ++i)
+        if (b.world_ranks[i] < me && std::atomic_ref<std::uint64_t>(*b.slots[i]).load() >= world_seq)
+            return false;
+    return true;
+}
+
 void arrival_mark(std::uint64_t world_seq) {
     auto& b = board();
     if (b.ready.load(std::memory_order_relaxed))

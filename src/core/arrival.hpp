@@ -14,6 +14,9 @@ namespace mpiml::detail {
 void arrival_board_setup();
 /// Marks entry into a world collective.
 void arrival_mark(std::uint64_t world_seq);
+/// No lower world rank of this node has entered world collective world_seq
+/// (true without a board): the one rank of the node to speak for it.
+bool first_here_in(std::uint64_t world_seq);
 /// "; ranks on this node (host) that never arrived: ..." for a wait in
 /// collective my_seq on comm (the board knows MPI_COMM_WORLD's only).
 std::string missing_ranks(std::uint64_t my_seq, MPI_Comm comm);

@@ -768,8 +768,9 @@ void stall_report(const std::string& reason) {
 }
 
 // MPIML_STALL_WARNING: each of this rank's collectives in progress for
-// longer than the limit is said once, on a line of this rank's, and rank 0
-// prints the report of every rank; the job goes on. Time the process was
+// longer than the limit is said once, on a line of this rank's (for
+// MPI_COMM_WORLD, of the node's lowest rank in it), and rank 0 prints the
+// report of every rank; the job goes on. Time the process was
 // stopped (SIGSTOP, Slurm's suspend: the agent's ticks come late) does not
 // count.
 class Stalls {
@@ -808,6 +809,8 @@ private:
 
     void warn(const Entry& e, std::int64_t waited) {
         auto& a = agent();
+        // One rank a node speaks for a world collective: its lowest that waits.
+        if (e.world && !first_here_in(e.seq)) return;
         const std::string what = "stall: " + entry_text(e) + " has waited " + fmt_span(waited) +
                                  (e.world ? missing_ranks(e.seq, MPI_COMM_WORLD) : std::string());
         write_stderr("[mpiml] rank " + std::to_string(a.rank) + "/" + std::to_string(a.size) + ": " +
