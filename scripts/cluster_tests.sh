@@ -185,7 +185,7 @@ report_case() {  # name case program...
   hosts_empty >> "$log/$name.log" || rc=1
   result "$name" $rc "($(secs "$t0") s)"
 }
-for c in hang signal command; do
+for c in hang signal command stall; do
   REPORT_SOURCE=$root/tests/hang_child.cpp report_case report.cpp.$c $c "$build/tests/hang_child"
 done
 for c in hang hang0; do
