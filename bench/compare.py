@@ -19,6 +19,7 @@ instead. Workloads, 2 ranks:
           GradAverager and mpi_avg_grads from Python; the seed's (a control)
   c10d    bench/bench_c10d.py --parts=sweep: dist.all_reduce of 4 B and 32 MiB
           through the backend "mpiml"
+  4 B     bench_collectives: mpiml::allreduce of 4 B; MPI_Allreduce (a control)
   64 MiB  bench_collectives: mpiml::allreduce of 64 MiB float32; MPI_Allreduce
           (a control)
 
@@ -59,6 +60,8 @@ PY_ROWS = [("GradAverager", "Python `GradAverager`, (64,64)", False),
            ("seed", "Python, the seed's `mpi_avg_grads` (control)", True)]
 C10D_ROWS = [(4, "`dist.all_reduce` of 4 B, backend \"mpiml\"", False),
              (32 << 20, "`dist.all_reduce` of 32 MiB, backend \"mpiml\"", False)]
+SMALL_ROWS = [("mpiml", "`mpiml::allreduce` of 4 B", False),
+              ("MPI_Allreduce", "`MPI_Allreduce` of 4 B (control)", True)]
 COLL_ROWS = [("mpiml", "`mpiml::allreduce` of 64 MiB", False),
              ("MPI_Allreduce", "`MPI_Allreduce` of 64 MiB (control)", True)]
 
@@ -111,9 +114,14 @@ def jobs(build_dir, tmp):
         return {r["bytes"]: (r["median_us"], r["min_us"]) for r in recs
                 if r.get("bench") == "all_reduce"}
 
-    def coll(recs):
-        return {r["impl"]: (r["median_us"], r["min_us"]) for r in recs
-                if r.get("bench") == "allreduce" and r.get("bytes") == 64 << 20}
+    def allreduce_of(size):
+        return lambda recs: {r["impl"]: (r["median_us"], r["min_us"]) for r in recs
+                             if r.get("bench") == "allreduce" and r.get("bytes") == size}
+
+    def sweep(size, round_ms):
+        return [os.path.join(build_dir, "bench", "bench_collectives"), "--parts=sweep",
+                "--min-bytes=%d" % size, "--max-bytes=%d" % size, "--rounds=7",
+                "--round-ms=%d" % round_ms]
 
     return [
         ("cpp", [os.path.join(build_dir, "bench", "bench_torch_grads"), "--hidden", "64,64",
@@ -123,14 +131,13 @@ def jobs(build_dir, tmp):
         ("c10d", [PYTHON, os.path.join(ROOT, "bench", "bench_c10d.py"), "--parts=sweep",
                   "--sizes=4,%d" % (32 << 20), "--gloo=0", "--rounds=7", "--round-ms=100"],
          ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT"), c10d),
-        ("coll", [os.path.join(build_dir, "bench", "bench_collectives"), "--parts=sweep",
-                  "--min-bytes=%d" % (64 << 20), "--max-bytes=%d" % (64 << 20), "--rounds=7",
-                  "--round-ms=200"],
-         (), coll),
+        ("small", sweep(4, 50), (), allreduce_of(4)),
+        ("coll", sweep(64 << 20, 200), (), allreduce_of(64 << 20)),
     ]
 
 
-ROWS = {"cpp": CPP_ROWS, "python": PY_ROWS, "c10d": C10D_ROWS, "coll": COLL_ROWS}
+ROWS = {"cpp": CPP_ROWS, "python": PY_ROWS, "c10d": C10D_ROWS, "small": SMALL_ROWS,
+        "coll": COLL_ROWS}
 
 
 def pair(by_rep):

@@ -20,6 +20,8 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <chrono>
 #include <type_traits>
 #include <vector>
 
@@ -152,6 +154,8 @@ constexpr bool op_allowed(Op op) {
 template <class T>
 std::vector<std::size_t> sizes_for() {
     std::vector<std::size_t> v = {0, 1, 2, 3, 7, 13, 31, 97, 1021, 4093};
+    // Both sides of the one-barrier round's limit (16 KiB, one node).
+    for (std::size_t n : {16384 / sizeof(T), 16384 / sizeof(T) + 1}) v.push_back(n);
     const std::size_t c = shm::config().chunk / sizeof(T);  // elements per chunk
     if (shm::config().chunk <= 65536 || std::is_same_v<T, float>)
         for (std::size_t n : {c - 1, c, c + 1, 2 * c + 5}) v.push_back(n);
@@ -328,6 +332,28 @@ TEST(ShmAllreduce, FixedOrderIsExact) {
         for (std::size_t i = 0; i < n; ++i) y[i] = value<double>(rank(), i, Op::sum, 8);
         mpiml::allreduce(y, Op::sum);
         EXPECT_TRUE(y == expected_sum<double>(n, 8, false)) << "n " << n;
+    }
+}
+
+// Rounds of every size in quick succession, a rank now and then late: no
+// rank rewrites its buffers while a peer still reads this round's (a wrong
+// sum if one did). Small rounds have one barrier, larger ones two.
+TEST(ShmAllreduce, BackToBackRoundsOfMixedSizes) {
+    ForceShm on;
+    const std::size_t sizes[] = {1, 5, 4096, 4097, 16, 100000, 3};
+    std::vector<std::int64_t> x;
+    for (int it = 0; it < 3000; ++it) {
+        const std::size_t n = sizes[static_cast<std::size_t>(it) % std::size(sizes)];
+        x.resize(n);
+        for (std::size_t i = 0; i < n; ++i) x[i] = (rank() + 1) * 1000003LL * (it + 1) + static_cast<std::int64_t>(i);
+        if (mix(static_cast<std::uint64_t>(it * 31 + rank())) % 97 == 0)
+            std::this_thread::sleep_for(std::chrono::microseconds(30));
+        mpiml::allreduce(x, Op::sum);
+        const std::int64_t p = size();
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < n; ++i)
+            bad += x[i] != p * (p + 1) / 2 * 1000003LL * (it + 1) + p * static_cast<std::int64_t>(i);
+        ASSERT_EQ(bad, 0u) << "round " << it << ", " << n << " elements";
     }
 }
 

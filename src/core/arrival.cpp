@@ -77,12 +77,12 @@ void arrival_board_setup() {
     int n = 0;
     MPI_Comm_size(b.node, &n);
     void* base = nullptr;
-    if (MPI_Win_allocate_shared(sizeof(std::uint64_t), sizeof(std::uint64_t), MPI_INFO_NULL, b.node,
+    if (MPI_Win_allocate_shared(kBoardSegment, 1, MPI_INFO_NULL, b.node,
                                 &base, &b.win) != MPI_SUCCESS) {
         MPI_Comm_free(&b.node);
         return;
     }
-    b.mine = static_cast<std::uint64_t*>(base);
+    b.mine = own_lines(base);
     *b.mine = 0;
     b.slots.assign(static_cast<std::size_t>(n), nullptr);
     std::vector<int> nr(static_cast<std::size_t>(n));
@@ -93,7 +93,8 @@ void arrival_board_setup() {
         int disp = 0;
         void* p = nullptr;
         ok = ok && MPI_Win_shared_query(b.win, r, &size, &disp, &p) == MPI_SUCCESS && p != nullptr;
-        b.slots[static_cast<std::size_t>(r)] = static_cast<std::uint64_t*>(p);
+        ok = ok && size >= kBoardSegment;
+        b.slots[static_cast<std::size_t>(r)] = own_lines(p);
         nr[static_cast<std::size_t>(r)] = r;
     }
     MPI_Group gn, gw;

@@ -9,6 +9,16 @@
 
 namespace mpiml::detail {
 
+/// Bytes a rank allocates for its words in a node board's shared window, and
+/// where in that segment they go (own_lines): words a rank writes at every
+/// collective must not share a cache line (nor its prefetched pair) with a
+/// peer's, or each write waits for the line to come back from the peer's core.
+constexpr MPI_Aint kBoardSegment = 256;
+inline std::uint64_t* own_lines(void* segment) {
+    const auto a = (reinterpret_cast<std::uintptr_t>(segment) + 127) & ~std::uintptr_t{127};
+    return reinterpret_cast<std::uint64_t*>(a);
+}
+
 /// Sets up the board, collectively over MPI_COMM_WORLD (once; part of the
 /// world set-up, exit_guard.hpp).
 void arrival_board_setup();

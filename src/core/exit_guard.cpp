@@ -108,7 +108,7 @@ void exit_board_setup() {
         void* base = nullptr;
         if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &g.node) ==
                 MPI_SUCCESS &&
-            MPI_Win_allocate_shared(bytes, sizeof(std::uint64_t), MPI_INFO_NULL, g.node, &base,
+            MPI_Win_allocate_shared(kBoardSegment, 1, MPI_INFO_NULL, g.node, &base,
                                     &g.node_win) == MPI_SUCCESS) {
             int k = 0;
             MPI_Comm_size(g.node, &k);
@@ -121,12 +121,12 @@ void exit_board_setup() {
                 void* p = nullptr;
                 MPI_Group_translate_ranks(gn, 1, &r, gw, &w);
                 if (MPI_Win_shared_query(g.node_win, r, &size, &disp, &p) == MPI_SUCCESS &&
-                    w >= 0 && w < n && size >= bytes)
-                    g.local[static_cast<std::size_t>(w)] = static_cast<std::uint64_t*>(p);
+                    w >= 0 && w < n && size >= kBoardSegment)
+                    g.local[static_cast<std::size_t>(w)] = own_lines(p);
             }
             MPI_Group_free(&gn);
             MPI_Group_free(&gw);
-            g.mine = static_cast<std::uint64_t*>(base);
+            g.mine = own_lines(base);
         } else {
             if (g.node != MPI_COMM_NULL) MPI_Comm_free(&g.node);
             g.local.assign(static_cast<std::size_t>(n), nullptr);

@@ -7,6 +7,10 @@
 
 namespace mpiml::detail {
 
+/// One node, up to this many bytes: run_allreduce's one-barrier round (every
+/// rank reduces all inputs) instead of slices and two barriers.
+constexpr std::size_t kOneBarrierBytes = 16384;
+
 /// allreduce_node.cpp: one round of the node algorithm on m elements, after a
 /// node barrier (inputs ready). Node rank me reduces slice me of in[0..p)
 /// (node rank order) into res[me], and into out when out is another buffer

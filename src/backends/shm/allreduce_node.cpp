@@ -88,6 +88,18 @@ void run_allreduce(ShmContext& c, const char* send, char* recv, std::size_t coun
     static thread_local std::vector<char*> res;
     in.resize(static_cast<std::size_t>(p));
     res.resize(static_cast<std::size_t>(p));
+    if (!hier && count * ts <= std::min(kOneBarrierBytes, c.chunk)) {
+        // Small, one node: one barrier. Every rank publishes its input in its
+        // set and reduces all of them in rank order (as a slice is) into recv.
+        // The set is rewritten two rounds on, after the next round's barrier,
+        // which no rank passes before every rank has read this round's.
+        ++c.round;
+        std::memcpy(c.set(me), send, count * ts);
+        checked_barrier(c, sig, call);
+        for (int q = 0; q < p; ++q) in[q] = q == me ? send : c.set(q);
+        reduce_slice(k, in.data(), p, count, recv, nullptr, 0);
+        return;
+    }
     for (std::size_t done = 0; done < count;) {
         const std::size_t m = std::min(per, count - done);
         const char* s = send + done * ts;
