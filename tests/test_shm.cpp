@@ -867,6 +867,32 @@ TEST(ShmMismatch, DefaultModeCatchesThe999) {
     mpiml::set_check(check);
 }
 
+// Small broadcasts on one node whose ranks each have a core take the shared
+// path in the default mode, so their mismatches are errors without the check.
+TEST(ShmMismatch, DefaultModeCatchesSmallBroadcasts) {
+    if (size() < 2) GTEST_SKIP() << "needs 2 ranks";
+    if (node_split() != size()) GTEST_SKIP() << "several nodes: small broadcasts go to MPI";
+    if (static_cast<unsigned>(size()) > std::thread::hardware_concurrency())
+        GTEST_SKIP() << "more ranks than cores: small broadcasts go to MPI";
+    const bool check = mpiml::check_enabled();
+    mpiml::set_check(false);
+    expect_mismatch({"3 and 4 ints",
+                     [] {
+                         std::vector<int> x(rank() == 0 ? 4 : 3, 7);
+                         mpiml::broadcast(x, 0);
+                     },
+                     {"mpiml::broadcast", "rank 0 passed count=4", "count=3"}},
+                    "auto");
+    expect_mismatch({"roots",
+                     [] {
+                         double x = 1.0;
+                         mpiml::broadcast(x, rank() == 0 ? 0 : 1);
+                     },
+                     {"mpiml::broadcast", "root=0", "root=1"}},
+                    "auto");
+    mpiml::set_check(check);
+}
+
 // A small data-parallel training loop (linear regression, SGD), gradients
 // averaged either in ordinary vectors through MPI, or in place in a shared
 // bucket. The trained weights must agree (bit for bit at 2 ranks, where the

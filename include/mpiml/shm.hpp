@@ -22,8 +22,9 @@
 // Environment (read once, at the first use):
 //   MPIML_SHM=auto|on|off          auto (default): by size; on: always; off: never
 //   MPIML_SHM_THRESHOLD=bytes      auto: allreduce of at least this many bytes (0)
-//   MPIML_SHM_BCAST_THRESHOLD=bytes auto: broadcast of at least this many bytes (1K)
-//                                  (auto: with several nodes, at least 64 KiB too)
+//   MPIML_SHM_BCAST_THRESHOLD=bytes auto: broadcast of at least this many bytes (0)
+//                                  (auto: with several nodes, at least 64 KiB too;
+//                                  with more ranks than cores on the node, 1 KiB)
 //   MPIML_SHM_CHUNK=bytes          pipeline chunk (per buffer set)
 //   MPIML_NODE_SPLIT=K             test aid: ranks r of a node with the same
 //                                  r / K form one "node" (simulates K-rank nodes)

@@ -22,7 +22,7 @@ namespace {
 // both ranks had their cores (1.1-1.4x below 512 B); under heavy load it lost
 // by up to ~10% at 128-256 B: no allreduce threshold.
 constexpr std::size_t kDefaultAllreduceThreshold = 0;
-constexpr std::size_t kDefaultBroadcastThreshold = std::size_t{1} << 10;
+constexpr std::size_t kDefaultBroadcastThreshold = 0;
 constexpr std::size_t kDefaultChunk = std::size_t{1} << 20;
 constexpr std::size_t kMinChunk = 4096;
 constexpr std::size_t kMaxChunk = std::size_t{256} << 20;

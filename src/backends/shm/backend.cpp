@@ -10,6 +10,8 @@
 namespace mpiml::detail {
 namespace {
 
+constexpr std::size_t kCrowdedBroadcastMinimum = 1024;
+
 // An empty call is still compared: a peer may have passed more.
 bool compare_only(ShmContext& c, const Signature& sig, const char* call) {
     ++c.round;
@@ -56,6 +58,10 @@ bool shm_broadcast(void* buf, std::size_t count, MPI_Datatype type, int tsize, i
     if (lb != 0 || extent != tsize) return false;  // not contiguous bytes
     ShmContext* c = shared_context_for(bytes, threshold, comm, call);
     if (!c) return false;
+    // Ranks outnumbering cores: MPI's eager sends beat a barrier that waits
+    // for every rank to be scheduled, for small broadcasts.
+    if (c->crowded && bytes < kCrowdedBroadcastMinimum && config_ref().mode == shm::Mode::automatic)
+        return false;
     const TypeInfo* t = find_type(type);
     const Signature sig{.count = count,
                         .bytes = bytes,

@@ -247,7 +247,8 @@ std::shared_ptr<ShmContext> create_context(MPI_Comm comm, const char* call) {
     if (c->num_nodes > 1) c->scratch.resize(c->chunk + kLine * c->num_nodes);
     if (c->peers != MPI_COMM_NULL && c->num_nodes == 2) c->inbox.resize(kPeerDepth * (c->chunk + kLine));
     const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    c->spin_limit = cpus > 0 && c->node_size <= cpus ? 4096 : 64;
+    c->crowded = !(cpus > 0 && c->node_size <= cpus);
+    c->spin_limit = c->crowded ? 64 : 4096;
     return c;
 }
 

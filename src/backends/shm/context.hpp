@@ -74,6 +74,7 @@ struct ShmContext {
     std::uint64_t epoch = 0;
     std::uint64_t round = 0;
     int spin_limit = 64;               // pauses before yielding (see barrier)
+    bool crowded = false;              // the node's ranks outnumber its cores
     std::vector<char> scratch;         // leader reduce-scatter
     std::vector<char> inbox;           // slices received from the other node (kPeerDepth)
     bool alive = false;
