@@ -733,9 +733,10 @@ void expect_mismatch(const MismatchCase& c, const std::string& mode) {
 std::vector<MismatchCase> mismatch_cases() {
     const std::size_t big = shm::config().chunk / sizeof(float) * 2 + 1001;  // several chunks
     std::vector<MismatchCase> v;
-    for (std::size_t base : {std::size_t{1000}, big}) {
+    // 4097 floats: rank 0 above the one-barrier round's 16 KiB, the others at or below it.
+    for (std::size_t base : {std::size_t{1000}, std::size_t{4097}, big}) {
         const auto n = [base](int r) { return base - static_cast<std::size_t>(r); };
-        const std::string tag = base == 1000 ? " small" : " large";
+        const std::string tag = base == 1000 ? " small" : base == 4097 ? " around 16 KiB" : " large";
         v.push_back({"allreduce count" + tag,
                      [n] {
                          std::vector<float> x(n(rank()), 1.0f), y(x.size());
