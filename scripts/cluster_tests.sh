@@ -139,7 +139,9 @@ if [ -x "$fc" ]; then
   timeout 150 "$cl" exec h1 "$build/mpiml-run" --restarts 1 --backoff 0.5 --min-ranks 2 \
     --hostfile "${MPIML_CLUSTER_DIR:-/run/mpiml-cluster}/hostfile" -np 4 "$fc" ticks 0 > "$log/fault.$name.log" 2>&1 &
   job=$!
-  sleep 4
+  # mid-run: once every rank of the first attempt passed a collective
+  for _ in $(seq 300); do grep -q "^ticks: every rank started" "$log/fault.$name.log" 2> /dev/null && break; sleep 0.1; done
+  sleep 1
   ip -n "${ns}h2" link set eth0 down
   wait $job
   rc=$?

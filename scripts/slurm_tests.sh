@@ -231,7 +231,8 @@ slurmd_stopped() {
 t0=$(date +%s.%N)
 timeout 60 "$cl" slurm srun --mpi=pmix -N 2 -n 4 "$fc" ticks 0 > "$log/fault.$name.log" 2>&1 &
 job=$!
-sleep 2
+# once the step runs on both hosts (every rank passed a collective)
+for _ in $(seq 300); do grep -q "^ticks: every rank started" "$log/fault.$name.log" 2> /dev/null && break; sleep 0.1; done
 "$cl" slurmd h2 stop
 wait $job
 rc=$?

@@ -94,6 +94,10 @@ int body(const std::string& mode, int faulty) {
     if (mode == "ticks") {  // every rank: 60 small allreduces 0.1 s apart, then one line
         for (int i = 0; i < 60; ++i) {
             step(4 + i);
+            if (i == 0 && rank == 0) {
+                std::printf("ticks: every rank started\n");
+                std::fflush(stdout);
+            }
             ::usleep(100 * 1000);
         }
         if (rank == 0)

@@ -7,6 +7,6 @@ set(_jobs_env MPIML_RUN=$<TARGET_FILE:mpiml-run>)
 if(TARGET mpiml-ppo)
   list(APPEND _jobs_env MPIML_PPO=$<TARGET_FILE:mpiml-ppo>)
 endif()
-mpiml_add_pytest(NAME pytest_jobs FILE tests/test_jobs.py RANKS 1 TIMEOUT 360 ENV ${_jobs_env})
+mpiml_add_pytest(NAME pytest_jobs FILE tests/test_jobs.py RANKS 1 TIMEOUT 600 ENV ${_jobs_env})
 # GradAverager(overlap=True): equivalence and bit-identity (communication thread).
 mpiml_add_pytest(NAME pytest_overlap FILE tests/test_overlap.py RANKS 2 3 TIMEOUT 120)

@@ -4,6 +4,6 @@
 # one rank.
 if(TARGET _torch AND TARGET _c10d)
   mpiml_add_pytest(NAME pytest_examples_resume FILE tests/test_examples_resume.py RANKS 1
-                   TIMEOUT 300 LABELS examples checkpoint fault
+                   TIMEOUT 600 LABELS examples checkpoint fault
                    ENV MPIML_RUN=$<TARGET_FILE:mpiml-run>)
 endif()

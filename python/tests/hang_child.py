@@ -5,6 +5,7 @@ names both places.
     hang_child.py demand S  rank 2 is late S seconds; the job ends with 0
     hang_child.py mismatch  rank 1 passes another count (MPIML_CHECK=1)
 """
+import os
 import sys
 import time
 
@@ -12,6 +13,15 @@ import numpy as np
 
 import mpiml
 import mpiml.mpi_tools as mt
+
+
+def fault_mark():
+    """The moment the late rank starts to be late, for the harness's time
+    limit (as tests/fault_mark.hpp)."""
+    path = os.environ.get("MPIML_FAULT_MARK")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{time.clock_gettime(time.CLOCK_REALTIME):.9f}\n")
 
 
 def sleepy_rank_work(s):
@@ -35,6 +45,7 @@ def main():
         return
     late = float(sys.argv[2]) if mode == "demand" else 60.0
     if rank == (int(sys.argv[2]) if mode == "hang" and len(sys.argv) > 2 else 2):
+        fault_mark()
         sleepy_rank_work(late)
     mt.barrier()  # WAIT-LINE
     if rank == 0:

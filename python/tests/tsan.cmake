@@ -46,7 +46,7 @@ if(MPIML_SANITIZE_THREAD AND TARGET _c10d AND MPIML_MPI_VENDOR STREQUAL "Open MP
   # Profiler events opened on the worker and closed where the Work completes.
   tsan_c10d_case(NAME pytest_c10d_profiler TIMEOUT 120 COMMAND ${_pytest} test_c10d_profiler.py)
   # Large all_reduces through MPI: the worker's quiet waits and own allreduce.
-  tsan_c10d_case(NAME pytest_c10d_large TIMEOUT 120 COMMAND ${_pytest} test_c10d_large.py)
+  tsan_c10d_case(NAME pytest_c10d_large TIMEOUT 300 COMMAND ${_pytest} test_c10d_large.py)
   set_tests_properties(tsan_pytest_c10d_large.np2 PROPERTIES ENVIRONMENT "${_tsan_env};MPIML_SHM=off")
   # The watchdog ends a stalled operation on the worker thread, with the report.
   tsan_c10d_case(NAME c10d_timeout TIMEOUT 90 PASS "${MPIML_C10D_TIMEOUT_REPORT}" COMMAND c10d_timeout.py)
