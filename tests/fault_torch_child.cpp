@@ -87,7 +87,7 @@ int body(const std::string& mode, int faulty) {
     const auto x = torch::randn({32, 64}), y = torch::randn({32, 8});
     for (step = 0; step < 5; ++step) {
         opt.zero_grad();
-        if (mode == "exit_inside" && rank != faulty && step == 2) ::sleep(1);
+        if (mode == "exit_inside" && rank != faulty && step == 2) ::sleep(3);
         torch::nn::functional::mse_loss(net->forward(x), y).backward();
         avg();
         opt.step();

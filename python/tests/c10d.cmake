@@ -17,7 +17,7 @@ if(TARGET _c10d)
   # after the report of where every rank is (docs/DEBUGGING.md): rank 0 in
   # the operation, rank 1 outside any, at its line of the program.
   # The expected report (the ThreadSanitizer case in tsan.cmake expects it too):
-  set(MPIML_C10D_TIMEOUT_REPORT "report: where every rank is \\(2 ranks\\) - watchdog: mpiml c10d all_reduce waited [0-9.]+ s, past the timeout of 2 s.*==== rank 0/2 [^\n]*: in allreduce #[0-9]+ \\(mpiml c10d all_reduce.*==== rank 1/2 [^\n]*: not in a collective.*c10d_timeout.py., line 19 in <module>.*end of report")
+  set(MPIML_C10D_TIMEOUT_REPORT "report: where every rank is \\(2 ranks\\) - watchdog: mpiml c10d all_reduce waited [0-9.]+ s, past the timeout of 2 s.*==== rank 0/2 [^\n]*: in allreduce #[0-9]+ \\(mpiml c10d all_reduce.*==== rank 1/2 [^\n]*: not in a collective.*c10d_timeout.py., line 20 in <module>.*end of report")
   add_test(NAME c10d_timeout.np2
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIML_MPIEXEC_FLAGS}
             ${Python_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/tests/c10d_timeout.py)

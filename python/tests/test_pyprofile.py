@@ -21,7 +21,7 @@ PROGRAM = """
     import mpiml, mpiml.mpi_tools as mt
 
     def slow_part():
-        time.sleep(0.4)
+        time.sleep(1.0)
 
     def step(r):
         if r == 2:
@@ -71,14 +71,14 @@ def check_profile(d, stdout, slow_rank_expected=True):
         s = pstats.Stats(str(d / ("profile_%d.prof" % r)))
         slow = [v for k, v in s.stats.items() if k[2] == "slow_part"]
         if r == 2:
-            assert slow and slow[0][3] > 0.3, s.stats.keys()  # cumulative time of its sleep
+            assert slow and slow[0][3] > 0.9, s.stats.keys()  # cumulative time of its sleep
         else:
             assert not slow
     rows = python_rows(d)
     top = [row for row in rows if row["name"] == "slow_part"]
     assert top, rows
     row = top[0]
-    assert row["slowest_rank"] == 2 and row["max_s"] > 0.3 and row["min_s"] == 0.0, row
+    assert row["slowest_rank"] == 2 and row["max_s"] > 0.9 and row["min_s"] == 0.0, row
     assert abs(row["mean_s"] - row["max_s"] / RANKS) < 1e-9 and row["function"].endswith(":6 slow_part")
     assert rows.index(row) <= 1, rows  # the largest excess (with time.sleep, which it calls)
     # the ranks that waited: the allreduce is slow on the others
