@@ -13,6 +13,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -193,4 +194,115 @@ TEST(WorkerQueue, ShutdownEndsARequestThatNeverCompletes) {
     EXPECT_NE(err.find("test recv nobody sends"), std::string::npos) << err;
     EXPECT_NE(err.find("shut down before it completed"), std::string::npos) << err;
     MPI_Comm_free(&comm);
+}
+
+namespace {
+
+WorkerQueue::Op tagged(std::function<void()> run, std::function<void(std::exception_ptr)> complete,
+                       const void* tag) {
+    auto o = op("tagged", std::move(run), std::move(complete));
+    o.tag = tag;
+    return o;
+}
+
+}  // namespace
+
+TEST(WorkerQueue, RunHereRunsTheOpOnTheWaitingThread) {
+    WorkerQueue q("test ");
+    int here = 0;
+    for (int i = 0; i < 200 && here < 20; ++i) {
+        std::atomic<bool> completed{false};
+        std::thread::id ran_on;
+        const int tag = 0;
+        q.push(tagged([&] { ran_on = std::this_thread::get_id(); },
+                      [&](std::exception_ptr e) {
+                          EXPECT_FALSE(e);
+                          completed = true;
+                      },
+                      &tag));
+        if (q.run_here(&tag)) {
+            // Ran and completed here, before run_here returned.
+            EXPECT_TRUE(completed.load());
+            EXPECT_EQ(ran_on, std::this_thread::get_id());
+            ++here;
+        } else {
+            for (int k = 0; k < 10000 && !completed; ++k) std::this_thread::sleep_for(1ms);
+            ASSERT_TRUE(completed.load());
+            EXPECT_NE(ran_on, std::this_thread::get_id());
+        }
+        EXPECT_FALSE(q.run_here(&tag));  // gone from the queue
+    }
+    // The runner waits for work between the pushes nearly always.
+    EXPECT_GT(here, 0);
+    q.shutdown();
+}
+
+TEST(WorkerQueue, RunHereDeclinesWhileTheRunnerWorksOrAnotherOpIsAhead) {
+    WorkerQueue q("test ");
+    std::promise<void> release;
+    auto released = release.get_future().share();
+    std::promise<void> started;
+    std::vector<int> order;
+    q.push(op("busy", [&, released] {
+        started.set_value();
+        released.wait();
+        order.push_back(0);
+    }, [](std::exception_ptr) {}));
+    started.get_future().wait();
+    const int a = 0, b = 0;
+    std::atomic<int> done{0};
+    q.push(tagged([&] { order.push_back(1); }, [&](std::exception_ptr) { ++done; }, &a));
+    q.push(tagged([&] { order.push_back(2); }, [&](std::exception_ptr) { ++done; }, &b));
+    EXPECT_FALSE(q.run_here(&a));  // the runner is busy
+    EXPECT_FALSE(q.run_here(&b));  // and a is ahead of b
+    release.set_value();
+    q.shutdown();
+    EXPECT_EQ(done.load(), 2);
+    EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+}
+
+TEST(WorkerQueue, RunHereFromManyThreadsKeepsOneAtATimeInIssueOrder) {
+    constexpr int kThreads = 4, kOps = 1500;
+    WorkerQueue q("test ");
+    std::mutex issue;  // issue order: the order of pushes
+    int next = 0;
+    std::vector<int> ran;
+    std::atomic<int> inside{0}, overlaps{0}, here{0};
+    std::vector<std::atomic<int>> completed(kThreads * kOps);
+    std::vector<std::thread> ts;
+    for (int t = 0; t < kThreads; ++t)
+        ts.emplace_back([&] {
+            for (int i = 0; i < kOps; ++i) {
+                auto done = std::make_shared<std::promise<void>>();
+                auto f = done->get_future();
+                const char tag = 0;
+                {
+                    std::lock_guard lock(issue);
+                    const int seq = next++;
+                    q.push(tagged(
+                        [&, seq] {
+                            if (inside.fetch_add(1) != 0) ++overlaps;
+                            ran.push_back(seq);
+                            inside.fetch_sub(1);
+                        },
+                        [&completed, seq, done](std::exception_ptr e) {
+                            EXPECT_FALSE(e);
+                            completed[seq].fetch_add(1);
+                            done->set_value();
+                        },
+                        &tag));
+                }
+                if (q.run_here(&tag)) ++here;
+                ASSERT_EQ(f.wait_for(30s), std::future_status::ready);
+            }
+        });
+    for (auto& t : ts) t.join();
+    q.shutdown();
+    EXPECT_EQ(overlaps.load(), 0);
+    ASSERT_EQ(ran.size(), static_cast<std::size_t>(kThreads * kOps));
+    for (int i = 0; i < kThreads * kOps; ++i) {
+        EXPECT_EQ(ran[i], i);
+        EXPECT_EQ(completed[i].load(), 1) << i;
+    }
+    EXPECT_GT(here.load(), 0);
 }

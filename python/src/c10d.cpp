@@ -231,6 +231,12 @@ MpimlWork::MpimlWork(OpType type, std::vector<at::Tensor> outputs, const char* t
     if (title) record_profile(title, inputs);
 }
 
+bool MpimlWork::wait(std::chrono::milliseconds timeout) {
+    if (timeout == ::kNoTimeout)
+        if (auto q = queue_.lock()) q->run_here(this);
+    return c10d::Work::wait(timeout);
+}
+
 void MpimlWork::profile_start() {
     if (profile_start_) {
         profile_start_();
@@ -356,7 +362,7 @@ ProcessGroupMpiml::ProcessGroupMpiml(int rank, int size, double timeout_s,
     where_ = " (group " + group_id_ + ": " + ranks_text + "; this is group rank " +
              std::to_string(rank_) + "); a rank of the group did not arrive or failed";
 
-    queue_ = std::make_unique<WorkerQueue>("mpiml c10d ");
+    queue_ = std::make_shared<WorkerQueue>("mpiml c10d ");
     std::lock_guard lock(g_groups_mutex);
     g_groups.push_back(this);
 }
@@ -408,6 +414,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::collective(
     // Read when issued, in program order: every rank checks the same operations
     // even if the setting changes while earlier ones are still queued.
     const bool check = size_ > 1 && check_.load(std::memory_order_relaxed);
+    work->set_queue(queue_);
     queue_->push(WorkerQueue::Op{
         name,
         [this, work, call, name, type, sig, check, body = std::move(body)] {
@@ -418,7 +425,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMpiml::collective(
             run_untracked(name, body);
             return WorkerQueue::Posted{};
         },
-        [work](std::exception_ptr e) { work->complete(e); }});
+        [work](std::exception_ptr e) { work->complete(e); },
+        work.get()});
     return work;
 }
 

@@ -38,6 +38,12 @@ public:
     /// Completes the future, then the Work (with e, if any).
     void complete(std::exception_ptr e);
     void set_source(int r) { source_.store(r); }
+    /// The queue that may let a waiting thread run this op itself.
+    void set_queue(std::weak_ptr<WorkerQueue> q) { queue_ = std::move(q); }
+
+    /// Without a timeout, a thread about to block runs the op itself when the
+    /// worker is idle (WorkerQueue::run_here), then waits as c10d's Work does.
+    bool wait(std::chrono::milliseconds timeout = ::kNoTimeout) override;
 
     std::vector<at::Tensor> result() override { return outputs_; }
     c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
@@ -50,6 +56,7 @@ private:
     std::vector<at::Tensor> outputs_;
     c10::intrusive_ptr<c10::ivalue::Future> future_;
     std::atomic<int> source_{-1};
+    std::weak_ptr<WorkerQueue> queue_;
 };
 
 class ProcessGroupMpiml : public c10d::ProcessGroup {
@@ -134,7 +141,7 @@ private:
     std::string where_;       // the watchdog's words for this group
     double timeout_s_ = 0;
     std::atomic<bool> check_{true};  // set from Python, read when an operation is issued
-    std::unique_ptr<WorkerQueue> queue_;
+    std::shared_ptr<WorkerQueue> queue_;
 };
 
 /// Initializes MPI (MPI_THREAD_MULTIPLE) if nobody has; throws if it runs

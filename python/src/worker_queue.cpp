@@ -92,6 +92,35 @@ void WorkerQueue::shutdown() {
     }
 }
 
+bool WorkerQueue::run_here(const void* tag) {
+    std::unique_lock lock(m_);
+    if (!tag || !idle_ || borrowed_ || stop_ || queue_.size() != 1 || queue_.front().tag != tag)
+        return false;
+    Op op = std::move(queue_.front());
+    queue_.pop_front();
+    borrowed_ = true;  // the runner stays in its wait until the op has run
+    lock.unlock();
+    std::exception_ptr ep;
+    try {
+        Posted posted = op.run();
+        if (posted.req != MPI_REQUEST_NULL) {
+            MPI_Status st;
+            mpiml::detail::check_mpi(MPI_Wait(&posted.req, &st), (prefix_ + op.name).c_str());
+            if (posted.done) posted.done(st);
+        }
+    } catch (...) {
+        ep = std::current_exception();
+    }
+    lock.lock();
+    borrowed_ = false;
+    lock.unlock();
+    cv_.notify_one();
+    // Outside the role, as the runner completes: a callback may issue an op
+    // and wait for it.
+    op.complete(ep);
+    return true;
+}
+
 // A spare, with m_ held: returns holding the role, offered to it, free at
 // stop, or given up for callbacks that have held up waiting work for a tick.
 void WorkerQueue::wait_for_role(std::unique_lock<std::mutex>& lock) {
@@ -119,7 +148,11 @@ void WorkerQueue::loop(bool runner) {
             wait_for_role(lock);
             runner = true;
         }
-        if (pending_.empty()) cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (pending_.empty()) {
+            idle_ = true;
+            cv_.wait(lock, [&] { return !borrowed_ && (stop_ || !queue_.empty()); });
+            idle_ = false;
+        }
         if (queue_.empty()) {
             if (stop_ && pending_.empty()) {
                 // Drained: the spares take the role in turn, find the same and end.

@@ -42,6 +42,9 @@ public:
         std::string name;  // in errors: prefix + name
         std::function<Posted()> run;
         std::function<void(std::exception_ptr)> complete;  // may run callbacks that push
+        // Non-null: a thread about to wait for this op may run it itself
+        // (run_here); only for ops whose run ends them (no posted request).
+        const void* tag = nullptr;
     };
 
     /// How long a spare lets work wait behind callbacks before it takes over.
@@ -57,6 +60,11 @@ public:
     /// Queues op; throws mpiml::Error naming it after shutdown, or when it is
     /// pushed from a callback and no spare thread could be started.
     void push(Op op);
+    /// A thread about to block on the op tagged tag runs it itself when it is
+    /// the only op queued and the runner waits for work with nothing pending:
+    /// a blocking call then costs no thread hand-off. Returns whether it did
+    /// (the op is complete then). Ops still run one at a time, in issue order.
+    bool run_here(const void* tag);
     /// Runs what is queued, ends posted requests that never completed with an
     /// error, and joins every thread. Idempotent.
     void shutdown();
@@ -90,6 +98,8 @@ private:
     bool stop_ = false;
     bool runner_ = true;          // some thread holds the runner role
     bool handoff_ = false;        // the role is offered to a spare
+    bool idle_ = false;           // the runner waits for work, nothing pending
+    bool borrowed_ = false;       // a waiting thread runs an op (run_here)
     int idle_spares_ = 0;         // spares waiting for the role (or starting)
     std::uint64_t releases_ = 0;  // times the role was given up for callbacks
     std::size_t npending_ = 0;    // pending_.size() as the runner last left it
