@@ -63,10 +63,11 @@ wait_job() {
 }
 secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 # After each case: both nodes idle again and nothing but the daemons left on
-# the hosts (waits up to 30 s; a node left down is resumed for the next case).
+# the hosts (waits up to $1 s, 30 by default; a node left down is resumed for
+# the next case).
 settled() {
   local st left
-  for _ in $(seq 60); do
+  for _ in $(seq $((2 * ${1:-30}))); do
     st=$(sl sinfo -h -N -o "%N %t" 2> /dev/null | xargs)
     left=$(host_comms | grep -vxE "munged|slurmctld|slurmscriptd|slurmd" | xargs)
     [ "$st" = "h1 idle h2 idle" ] && [ -z "$left" ] && return 0
@@ -74,6 +75,16 @@ settled() {
   done
   echo "not settled: nodes '$st', left running: '$left'"
   "$cl" ps
+  if [ "$st" = "h1 idle h2 idle" ] && [ -z "$(tr ' ' '\n' <<< "$left" | grep -vx slurmstepd)" ]; then
+    # Slurm's step daemon alone, stuck after its step ended (seen after a
+    # PMIx error under load): no rank is left; it would fail every later case.
+    echo "  note  a slurmstepd outlived its step by ${1:-30} s with no rank left: killed" | tee /dev/stderr
+    for h in h1 h2; do
+      ip netns pids "${MPIML_CLUSTER_PREFIX:-mpiml-}$h" | xargs -r ps -o pid=,comm= -p | awk '$2 == "slurmstepd" { print $1 }' | xargs -r kill -9
+    done
+    sleep 1
+    return 0
+  fi
   sl scontrol update NodeName=h1,h2 State=RESUME > /dev/null 2>&1
   return 1
 }
@@ -255,11 +266,18 @@ for _ in $(seq 40); do
 done
 sl scancel "$jid"
 t1=$(date +%s.%N)
-settled > "$log/$name.log"
-rc=$?
+# the ranks end within 10 s; Slurm's own slurmstepd may take longer after a
+# PMIx error on the way (seen at 37 s on a loaded machine)
+rc=1
+for _ in $(seq 100); do
+  [ "$(host_comms | grep -cx fault_child)" -eq 0 ] && { rc=0; break; }
+  sleep 0.1
+done
+gone=$(secs "$t1")
+settled 90 > "$log/$name.log" || rc=1
 cat "$log/$name.out" >> "$log/$name.log"
 grep -q "CANCELLED" "$log/$name.log" || rc=1
-result $name $rc "(4 ranks running, gone $(secs "$t1") s after scancel)"
+result $name $rc "(4 ranks running, gone ${gone} s after scancel; Slurm settled after $(secs "$t1") s)"
 
 echo "-- restarts inside an allocation"
 # mpiml-run --restarts 1 with MPIML_MPIRUN=srun in a batch job: rank 3 (on h2)
