@@ -750,6 +750,58 @@ def test_mpiml_ppo_total_env_interacts_counts_steps_across_a_resume(tmp_path):
     assert [int(float(r[col])) for r in rows[1:]] == [400, 800, 1400, 2000], rows
 
 
+def test_job_stopped_just_after_a_wait_began_is_not_a_hang(tmp_path):
+    """The job stopped a few ms after rank 1 began to wait in a collective
+    (between two of the watchdog's ticks), for twice MPIML_TIMEOUT: the
+    stopped time is not waiting there either."""
+    script = write(tmp_path, "stopped_early.py", """
+        import os, signal, sys, threading, time
+        import numpy as np
+        import mpiml.mpi_tools as mt
+        d = %r
+        r = mt.proc_id()
+        open(os.path.join(d, "pid.%%d" %% r), "w").write(str(os.getpid()))
+        mt.mpi_sum(np.ones(1))  # both files are written
+        pids = [int(open(os.path.join(d, "pid.%%d" %% q)).read()) for q in range(2)]
+        if r == 1:
+            def stop():
+                time.sleep(0.005)  # rank 1 waits in the allreduce by now
+                for pid in pids:  # rank 0, then this rank
+                    os.kill(pid, signal.SIGSTOP)
+            threading.Thread(target=stop).start()
+        else:
+            time.sleep(0.5)  # rank 1 waits for it
+        mt.mpi_sum(np.ones(3))
+        sys.stdout.write("rank %%d done\\n" %% r)
+        sys.stdout.flush()
+        """ % str(tmp_path))
+    p = subprocess.Popen(mpirun(2, PY, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=clean_env(drop=(), MPIML_TIMEOUT="2"), start_new_session=True)
+
+    def stopped(pid):
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "T"
+        except OSError:
+            return False
+
+    try:
+        _wait_until(_rank_files(tmp_path, "pid"), p)
+        pids = [int((tmp_path / ("pid.%d" % r)).read_text()) for r in range(2)]
+        _wait_until(lambda: all(stopped(pid) for pid in pids), p)
+        time.sleep(4)  # twice the timeout
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, out + err
+        assert "watchdog" not in err, err
+        assert sorted(out.split("\n")[:-1]) == ["rank 0 done", "rank 1 done"], out + err
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def test_stopped_and_continued_job_is_not_a_hang(tmp_path):
     """SIGSTOP then SIGCONT to every rank (Slurm's suspend) for longer than
     MPIML_TIMEOUT while one waits in a collective: the stopped time is not

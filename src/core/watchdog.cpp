@@ -75,9 +75,11 @@ void loop() {
         const auto now = Clock::now();
         // A tick a second late: the process was stopped (SIGSTOP, Slurm's
         // suspend) or not scheduled; that time does not count as waiting.
+        // A wait that began after the last tick began before the stop or after
+        // it: it counts from now.
         if (const auto gap = now - last; gap > std::chrono::seconds(1))
             for (Slot& s : w.slots)
-                if (s.start < last) s.start += gap - std::chrono::milliseconds(50);
+                s.start = s.start < last ? s.start + gap - std::chrono::milliseconds(50) : now;
         last = now;
         const double global = state().timeout.load(std::memory_order_relaxed);
         for (const Slot& s : w.slots) {
