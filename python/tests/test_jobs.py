@@ -775,8 +775,6 @@ def test_job_stopped_just_after_a_wait_began_is_not_a_hang(tmp_path):
         sys.stdout.write("rank %%d done\\n" %% r)
         sys.stdout.flush()
         """ % str(tmp_path))
-    p = subprocess.Popen(mpirun(2, PY, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=clean_env(drop=(), MPIML_TIMEOUT="2"), start_new_session=True)
 
     def stopped(pid):
         try:
@@ -785,10 +783,21 @@ def test_job_stopped_just_after_a_wait_began_is_not_a_hang(tmp_path):
         except OSError:
             return False
 
+    # the job stops itself; wait until both ranks are stopped
+    _suspended_job_ends_with_0(tmp_path, script, lambda p, pids: _wait_until(
+        lambda: all(stopped(pid) for pid in pids), p))
+
+
+def _suspended_job_ends_with_0(tmp_path, script, stop):
+    """Runs script at 2 ranks with MPIML_TIMEOUT=2; once both wrote pid.<r>,
+    stop(p, pids) stops them, they stay stopped for twice the timeout, then
+    continue: the job ends with 0, no watchdog line, both ranks done."""
+    p = subprocess.Popen(mpirun(2, PY, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=clean_env(drop=(), MPIML_TIMEOUT="2"), start_new_session=True)
     try:
         _wait_until(_rank_files(tmp_path, "pid"), p)
         pids = [int((tmp_path / ("pid.%d" % r)).read_text()) for r in range(2)]
-        _wait_until(lambda: all(stopped(pid) for pid in pids), p)
+        stop(p, pids)
         time.sleep(4)  # twice the timeout
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
@@ -820,25 +829,12 @@ def test_stopped_and_continued_job_is_not_a_hang(tmp_path):
         sys.stdout.write("rank %%d done\\n" %% r)  # one write per line
         sys.stdout.flush()
         """ % str(tmp_path))
-    p = subprocess.Popen(mpirun(2, PY, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=clean_env(drop=(), MPIML_TIMEOUT="2"), start_new_session=True)
-    try:
-        _wait_until(_rank_files(tmp_path, "pid"), p)
+    def stop(p, pids):
         time.sleep(1)
-        pids = [int((tmp_path / ("pid.%d" % r)).read_text()) for r in range(2)]
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
-        time.sleep(4)  # twice the timeout
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
-        out, err = p.communicate(timeout=60)
-        assert p.returncode == 0, out + err
-        assert "watchdog" not in err, err
-        assert sorted(out.split("\n")[:-1]) == ["rank 0 done", "rank 1 done"], out + err
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+
+    _suspended_job_ends_with_0(tmp_path, script, stop)
 
 
 STOPPING = """
