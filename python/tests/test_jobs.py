@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -447,6 +448,41 @@ def test_a_rank_that_ends_before_mpi_starts_is_a_timeout_in_mpi_init(tmp_path):
     assert secs < 25, (secs, out)
     assert re.search(r"watchdog: MPI_Init_thread waited [\d.]+ s, past the timeout of 10 s \(rank 0 of "
                      r"the launcher\); a rank may have ended before it started MPI", out), out
+
+
+def test_a_rank_that_ends_before_mpi_starts_is_a_stall_line_without_a_timeout(tmp_path):
+    """Without MPIML_TIMEOUT nothing ends that wait in MPI_Init; past
+    MPIML_STALL_WARNING the waiting rank says so once, and the job goes on
+    (ended here by the test)."""
+    if "--oversubscribe" not in mpirun(1):
+        pytest.skip("the script reads Open MPI's rank variable")
+    script = write(tmp_path, "before_init.py", BEFORE_INIT)
+    p = subprocess.Popen(mpirun(2, PY, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=clean_env(MPIML_STALL_WARNING="2"), start_new_session=True)
+    try:
+        lines = []
+        def read():
+            for x in p.stderr:
+                lines.append(x)
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        t0 = time.monotonic()
+        while not any("stall" in x for x in lines):
+            assert p.poll() is None and time.monotonic() - t0 < 40, "".join(lines)
+            time.sleep(0.1)
+        line = next(x for x in lines if "stall" in x)
+        assert re.search(r"^\[mpiml\] stall: MPI_Init_thread has waited 2\.0 s \(rank 0 of the launcher\); a "
+                         r"rank may have ended before it started MPI - the job goes on", line), line
+        time.sleep(1)
+        assert p.poll() is None, "the job ended after the stall line"
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
 
 
 NONE_USED = """

@@ -10,7 +10,9 @@
 #include <mpiml/session.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,7 +20,10 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 namespace mpiml {
 namespace detail {
@@ -105,6 +110,47 @@ std::string launcher_rank_text() {
     return "; a rank may have ended before it started MPI";
 }
 
+// MPIML_STALL_WARNING before MPI starts (validated after), 60 s unless set.
+double stall_before_init() {
+    const char* v = std::getenv("MPIML_STALL_WARNING");
+    if (!v || !*v) return 60;
+    char* end = nullptr;
+    const double t = std::strtod(v, &end);
+    return end && *end == '\0' && std::isfinite(t) && t > 0 ? t : 0;
+}
+
+// Without a timeout nothing ends a wait in MPI_Init: past MPIML_STALL_WARNING
+// the rank says once that it waits, and why it may; the wait goes on.
+class InitStallWarning {
+public:
+    InitStallWarning(double after, std::string where)
+        : thread_([this, after, where = std::move(where)] {
+              std::unique_lock lock(m_);
+              if (cv_.wait_for(lock, std::chrono::duration<double>(after), [this] { return done_; })) return;
+              char head[96];
+              std::snprintf(head, sizeof head, "[mpiml] stall: MPI_Init_thread has waited %.1f s", after);
+              const std::string line = head + where +
+                                       " - the job goes on (MPIML_TIMEOUT=s ends a hung job)\n";
+              [[maybe_unused]] const ssize_t k = ::write(2, line.data(), line.size());
+          }) {}
+    ~InitStallWarning() {
+        {
+            std::lock_guard lock(m_);
+            done_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+    InitStallWarning(const InitStallWarning&) = delete;
+    InitStallWarning& operator=(const InitStallWarning&) = delete;
+
+private:
+    std::mutex m_;
+    std::condition_variable cv_;
+    bool done_ = false;
+    std::thread thread_;  // last: starts once the rest is built
+};
+
 // Registered after atexit_finalize, so it runs first and the guard knows the status.
 void record_exit_status(int status, void*) { set_exit_status(status); }
 
@@ -121,8 +167,11 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
         // A rank that ends before it starts MPI leaves the others in
         // MPI_Init: with a timeout, the watchdog ends that wait too.
         std::optional<DoorWatch> init_watch;
+        std::optional<InitStallWarning> init_stall;
         if (const double t = timeout_before_init(opts); t > 0)
             init_watch.emplace("MPI_Init_thread", t, launcher_rank_text());
+        else if (const double w = stall_before_init(); w > 0)
+            init_stall.emplace(w, launcher_rank_text());
         check_mpi(MPI_Init_thread(argc, argv, opts.thread_level, &s.provided), "MPI_Init_thread");
         s.we_initialized = true;
         std::atexit(atexit_finalize);
