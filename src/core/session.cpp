@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -171,7 +172,10 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
         if (const double t = timeout_before_init(opts); t > 0)
             init_watch.emplace("MPI_Init_thread", t, launcher_rank_text());
         else if (const double w = stall_before_init(); w > 0)
-            init_stall.emplace(w, launcher_rank_text());
+            try {
+                init_stall.emplace(w, launcher_rank_text());
+            } catch (const std::system_error&) {  // no thread: no warning, MPI starts as before
+            }
         check_mpi(MPI_Init_thread(argc, argv, opts.thread_level, &s.provided), "MPI_Init_thread");
         s.we_initialized = true;
         std::atexit(atexit_finalize);
