@@ -148,6 +148,18 @@ int main(int argc, char** argv) {
         }
         return 0;
     }
+    // Ends before it starts MPI while the others start it a second later:
+    // they wait in MPI_Init (ended by MPIML_TIMEOUT's watchdog).
+    if (mode == "exit_before_mpi") {
+        const char* r = nullptr;
+        for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+            if ((r = std::getenv(v))) break;
+        if (r && std::atoi(r) == faulty) {
+            fault_mark();
+            return 0;
+        }
+        ::sleep(1);
+    }
     if (use_run)
         return mpiml::run(argc, argv, [&](int, char**) { return body(mode, faulty); });
     // FAULT_OWN_INIT=1: the program initializes and finalizes MPI itself, as
