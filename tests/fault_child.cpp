@@ -148,15 +148,15 @@ int main(int argc, char** argv) {
         }
         return 0;
     }
-    // Ends before it starts MPI while the others start it a second later:
-    // they wait in MPI_Init (ended by MPIML_TIMEOUT's watchdog).
-    if (mode == "exit_before_mpi") {
+    // Ends (status 0, or 3) before it starts MPI while the others start it a
+    // second later: they wait in MPI_Init.
+    if (mode == "exit_before_mpi" || mode == "exit3_before_mpi") {
         const char* r = nullptr;
         for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
             if ((r = std::getenv(v))) break;
         if (r && std::atoi(r) == faulty) {
             fault_mark();
-            return 0;
+            return mode == "exit_before_mpi" ? 0 : 3;
         }
         ::sleep(1);
     }

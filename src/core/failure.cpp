@@ -144,6 +144,25 @@ void on_signal(int sig) {
 
 constexpr int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 
+// A rank that ends with a non-zero status before it started MPI says so:
+// Open MPI's mpirun ends the job but does not always name the rank, and
+// MPICH's Hydra leaves the ranks that start MPI waiting in MPI_Init.
+void exit_before_mpi(int status, void*) {
+    int started = 0;
+    if (status == 0 || MPI_Initialized(&started) != MPI_SUCCESS || started) return;
+    const char* rank = nullptr;
+    for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+        if ((rank = std::getenv(v))) break;
+    if (!rank) return;  // not started by an MPI launcher
+    char line[200];
+    const int n = std::snprintf(line, sizeof line,
+                                "[mpiml] rank %.16s of the launcher (pid %d): exited with status %d before it "
+                                "started MPI\n",
+                                rank, static_cast<int>(::getpid()), status);
+    if (n > 0) write_all(line, std::min(static_cast<std::size_t>(n), sizeof line - 1));
+}
+__attribute__((constructor)) void watch_exit_before_mpi() { ::on_exit(exit_before_mpi, nullptr); }
+
 }  // namespace
 
 namespace detail {
