@@ -117,7 +117,8 @@ double stall_before_init() {
     if (!v || !*v) return 60;
     char* end = nullptr;
     const double t = std::strtod(v, &end);
-    return end && *end == '\0' && std::isfinite(t) && t > 0 ? t : 0;
+    // at most 1e7 s (116 days): a longer wait would overflow the clock
+    return end && *end == '\0' && std::isfinite(t) && t > 0 ? std::min(t, 1e7) : 0;
 }
 
 // Without a timeout nothing ends a wait in MPI_Init: past MPIML_STALL_WARNING
