@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
         return 0;
     }
     // Ends (status 0, or 3) before it starts MPI while the others start it a
-    // second later: they wait in MPI_Init.
+    // 2 s later: they wait in MPI_Init.
     if (mode == "exit_before_mpi" || mode == "exit3_before_mpi") {
         const char* r = nullptr;
         for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
             fault_mark();
             return mode == "exit_before_mpi" ? 0 : 3;
         }
-        ::sleep(1);
+        ::sleep(2);
     }
     if (use_run)
         return mpiml::run(argc, argv, [&](int, char**) { return body(mode, faulty); });
