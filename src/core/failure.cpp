@@ -156,8 +156,7 @@ void exit_before_mpi(int status, void*) {
     if (!rank) return;  // not started by an MPI launcher
     char line[200];
     const int n = std::snprintf(line, sizeof line,
-                                "[mpiml] rank %.16s of the launcher (pid %d): exited with status %d before it "
-                                "started MPI\n",
+                                "[mpiml] rank %.16s (pid %d): exited with status %d before it started MPI\n",
                                 rank, static_cast<int>(::getpid()), status);
     if (n > 0) write_all(line, std::min(static_cast<std::size_t>(n), sizeof line - 1));
 }
