@@ -450,6 +450,31 @@ def test_a_rank_that_ends_before_mpi_starts_is_a_timeout_in_mpi_init(tmp_path):
                      r"the launcher\); a rank may have ended before it started MPI", out), out
 
 
+RAISE_BEFORE_INIT = """
+    import os, time
+    import numpy as np
+    import mpiml.mpi_tools as mt
+    if os.environ["OMPI_COMM_WORLD_RANK"] == "1":
+        raise ValueError("bad configuration on rank 1")  # before MPI started
+    time.sleep(3)
+    mt.mpi_sum(np.ones(3))
+    """
+
+
+def test_a_rank_that_fails_before_mpi_starts_says_so(tmp_path):
+    """An exception before mpiml started MPI: the rank's line names it and
+    its status, and Open MPI's mpirun ends the job."""
+    if "--oversubscribe" not in mpirun(1):
+        pytest.skip("the script reads Open MPI's rank variable")
+    script = write(tmp_path, "raise_before_init.py", RAISE_BEFORE_INIT)
+    p, secs = run(mpirun(2, PY, script), timeout=60)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert secs < 30, (secs, out)
+    assert "ValueError: bad configuration on rank 1" in out, out
+    assert re.search(r"\[mpiml\] rank 1 \(pid \d+\): exited with status 1 before it started MPI", out), out
+
+
 def test_a_rank_that_ends_before_mpi_starts_is_a_stall_line_without_a_timeout(tmp_path):
     """Without MPIML_TIMEOUT nothing ends that wait in MPI_Init; past
     MPIML_STALL_WARNING the waiting rank says so once, and the job goes on
