@@ -51,6 +51,16 @@ def run(cmd, timeout, env=None, **kw):
     return p, time.monotonic() - t0
 
 
+def run_failing(cmd, within, timeout=60, env=None):
+    """Runs a job that must fail: it ends non-zero in less than `within`
+    seconds (a hang runs into `timeout`). Returns its stdout and stderr."""
+    p, secs = run(cmd, timeout, env)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert secs < within, (secs, out)
+    return out
+
+
 RAISE = """
     import threading, time
     import numpy as np
@@ -72,10 +82,7 @@ RAISE = """
 @pytest.mark.parametrize("where", ["main", "thread"])
 def test_exception_on_one_rank_ends_the_job(tmp_path, where):
     script = write(tmp_path, "raise.py", RAISE.format(where=where))
-    p, secs = run(mpirun(2, PY, script), timeout=60)
-    out = p.stdout + p.stderr
-    assert p.returncode != 0, out
-    assert secs < 30, (secs, out)  # without the hooks: a hang until timeout=60
+    out = run_failing(mpirun(2, PY, script), 30)  # without the hooks: a hang until timeout=60
     assert "[mpiml] rank 1/2: ValueError: boom on purpose - aborting the job" in out, out
     assert "Traceback" in out
 
@@ -370,10 +377,7 @@ END = """
 def test_a_rank_that_ends_while_others_wait_ends_the_job(tmp_path, n, how, status):
     faulty = n - 1 if how != "end" else 0
     script = write(tmp_path, "end.py", END.format(faulty=faulty, how=how))
-    p, secs = run(mpirun(n, PY, script), timeout=60)
-    out = p.stdout + p.stderr
-    assert p.returncode != 0, out
-    assert secs < 20, (secs, out)  # without the exit guard: a hang until timeout=60
+    out = run_failing(mpirun(n, PY, script), 20)  # without the exit guard: a hang until timeout=60
     line = "[mpiml] rank %d/%d: exited with status %d (host " % (faulty, n, status)
     assert line in out, out
     assert re.search(r"while (rank \d+ waits|ranks [\d, ]+ wait) in allreduce #2 - aborting the job",
@@ -414,10 +418,7 @@ def test_a_rank_that_ends_before_the_first_collective_ends_the_job(tmp_path, n, 
     faulty, status = n - 1, 3 if n == 2 else 0
     script = write(tmp_path, "before.py", BEFORE.format(mpi4py_first=mpi4py_first, touched=touched,
                                                        faulty=faulty, status=status, late=late))
-    p, secs = run(mpirun(n, PY, script), timeout=60)
-    out = p.stdout + p.stderr
-    assert p.returncode != 0, out
-    assert secs < 25, (secs, out)  # a hang until timeout=60 before
+    out = run_failing(mpirun(n, PY, script), 25)  # a hang until timeout=60 before
     ended = "finalized MPI" if mpi4py_first else "exited with status %d" % status
     assert "[mpiml] rank %d/%d: %s (host " % (faulty, n, ended) in out, out
     assert re.search(r"while (rank \d+ waits|ranks [\d, ]+ wait) in allreduce #1 - aborting the job",
@@ -442,10 +443,7 @@ def test_a_rank_that_ends_before_mpi_starts_is_a_timeout_in_mpi_init(tmp_path):
     if "--oversubscribe" not in mpirun(1):
         pytest.skip("the script reads Open MPI's rank variable")
     script = write(tmp_path, "before_init.py", BEFORE_INIT)
-    p, secs = run(mpirun(2, PY, script), timeout=60, env=clean_env(MPIML_TIMEOUT="4"))
-    out = p.stdout + p.stderr
-    assert p.returncode != 0, out
-    assert secs < 25, (secs, out)
+    out = run_failing(mpirun(2, PY, script), 25, env=clean_env(MPIML_TIMEOUT="4"))
     assert re.search(r"watchdog: MPI_Init_thread waited [\d.]+ s, past the timeout of 10 s \(rank 0 of "
                      r"the launcher\); a rank may have ended before it started MPI", out), out
 
@@ -467,10 +465,7 @@ def test_a_rank_that_fails_before_mpi_starts_says_so(tmp_path):
     if "--oversubscribe" not in mpirun(1):
         pytest.skip("the script reads Open MPI's rank variable")
     script = write(tmp_path, "raise_before_init.py", RAISE_BEFORE_INIT)
-    p, secs = run(mpirun(2, PY, script), timeout=60)
-    out = p.stdout + p.stderr
-    assert p.returncode != 0, out
-    assert secs < 30, (secs, out)
+    out = run_failing(mpirun(2, PY, script), 30)
     assert "ValueError: bad configuration on rank 1" in out, out
     assert re.search(r"\[mpiml\] rank 1 \(pid \d+\): exited with status 1 before it started MPI", out), out
 
@@ -578,10 +573,7 @@ def test_torch_distributed_rank_that_exits_while_others_wait_ends_the_job(tmp_pa
     if importlib.util.find_spec("mpiml._c10d") is None:
         pytest.skip("mpiml was built without the torch.distributed backend")
     script = write(tmp_path, "c10d_end.py", C10D_END)
-    p, secs = run(mpirun(2, PY, script), timeout=90)
-    out = p.stdout + p.stderr
-    assert p.returncode != 0, out
-    assert secs < 45, (secs, out)
+    out = run_failing(mpirun(2, PY, script), 45, timeout=90)
     assert re.search(r"\[mpiml\] rank 1/2: exited with status 3 \(host [^)]+\) while rank 0 waits in "
                      r"allreduce #\d+ - aborting the job", out), out
 

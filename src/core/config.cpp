@@ -87,6 +87,13 @@ bool profile_clock_measure() {
 
 bool launched_by_mpi_fork() { return get("IN_MPI").has_value(); }
 
+const char* launcher_rank(bool with_slurm) {
+    for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+        if (const char* v = std::getenv(name); v && *v) return v;
+    const char* slurm = with_slurm ? std::getenv("SLURM_PROCID") : nullptr;
+    return slurm && *slurm ? slurm : nullptr;
+}
+
 std::optional<bool> env_c10d_check() { return env_config().c10d_check; }
 bool env_profile_requested() { return !env_config().profile_dir.empty(); }
 

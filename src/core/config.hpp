@@ -49,6 +49,10 @@ struct LaunchConfig {
 LaunchConfig read_launch_config(const char* call);
 /// IN_MPI is set: this process was started by mpi_fork.
 bool launched_by_mpi_fork();
+/// The rank an MPI launcher gave this process (Open MPI's, PMIx's or Hydra's
+/// variable; with_slurm: else SLURM_PROCID, which a batch script has too),
+/// or nullptr. Only getenv: usable before MPI starts, in constructors and at exit.
+const char* launcher_rank(bool with_slurm = true);
 
 /// Reads every variable; throws mpiml::Error naming the first malformed one.
 EnvConfig read_env_config();

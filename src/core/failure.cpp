@@ -1,4 +1,5 @@
 // Abort on failure: print one clear line, then MPI_Abort the whole job.
+#include "core/config.hpp"
 #include "core/profile_hooks.hpp"
 #include "core/state.hpp"
 
@@ -150,9 +151,7 @@ constexpr int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 void exit_before_mpi(int status, void*) {
     int started = 0;
     if (status == 0 || MPI_Initialized(&started) != MPI_SUCCESS || started) return;
-    const char* rank = nullptr;
-    for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
-        if ((rank = std::getenv(v))) break;
+    const char* rank = detail::launcher_rank(/*with_slurm=*/false);
     if (!rank) return;  // not started by an MPI launcher
     char line[200];
     const int n = std::snprintf(line, sizeof line,

@@ -879,9 +879,7 @@ bool is_off(const char* v) {
 }
 
 __attribute__((constructor)) void install_early_usr1() {
-    const char* rank = nullptr;
-    for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
-        if ((rank = std::getenv(v))) break;
+    const char* rank = launcher_rank();
     if (!rank || is_off(std::getenv("MPIML_REPORT"))) return;
     struct sigaction old {};
     if (::sigaction(SIGUSR1, nullptr, &old) != 0 || (old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL)

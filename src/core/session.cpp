@@ -90,36 +90,34 @@ void warn_tcp_links(int rank) {
 #endif
 }
 
+// Seconds in the variable `name` before MPI starts (validated after): 0 when
+// malformed or not positive, `unset` when unset or empty.
+double seconds_before_init(const char* name, double unset) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return unset;
+    char* end = nullptr;
+    const double t = std::strtod(v, &end);
+    return end && *end == '\0' && std::isfinite(t) && t > 0 ? t : 0;
+}
+
 // The deadline of MPI_Init: the timeout (MPIML_TIMEOUT is validated after),
 // at least 10 s (starting MPI takes longer than a small collective).
 double timeout_before_init(const SessionOptions& opts) {
     constexpr double at_least = 10;
-    if (opts.timeout) return *opts.timeout > 0 ? std::max(*opts.timeout, at_least) : 0;
-    const char* v = std::getenv("MPIML_TIMEOUT");
-    if (!v || !*v) return 0;
-    char* end = nullptr;
-    const double t = std::strtod(v, &end);
-    return end && *end == '\0' && std::isfinite(t) && t > 0 ? std::max(t, at_least) : 0;
+    const double t = opts.timeout ? *opts.timeout : seconds_before_init("MPIML_TIMEOUT", 0);
+    return t > 0 ? std::max(t, at_least) : 0;
 }
 
 // " (rank 3 of the launcher)": who waits, before MPI can say.
 std::string launcher_rank_text() {
-    for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"})
-        if (const char* v = std::getenv(name); v && *v)
-            return std::string(" (rank ") + v + " of the launcher); a rank may have ended before it "
-                                               "started MPI";
+    if (const char* v = launcher_rank())
+        return std::string(" (rank ") + v + " of the launcher); a rank may have ended before it started MPI";
     return "; a rank may have ended before it started MPI";
 }
 
-// MPIML_STALL_WARNING before MPI starts (validated after), 60 s unless set.
-double stall_before_init() {
-    const char* v = std::getenv("MPIML_STALL_WARNING");
-    if (!v || !*v) return 60;
-    char* end = nullptr;
-    const double t = std::strtod(v, &end);
-    // at most 1e7 s (116 days): a longer wait would overflow the clock
-    return end && *end == '\0' && std::isfinite(t) && t > 0 ? std::min(t, 1e7) : 0;
-}
+// MPIML_STALL_WARNING, 60 s unless set; at most 1e7 s (116 days): a longer
+// wait would overflow the clock.
+double stall_before_init() { return std::min(seconds_before_init("MPIML_STALL_WARNING", 60), 1e7); }
 
 // Without a timeout nothing ends a wait in MPI_Init: past MPIML_STALL_WARNING
 // the rank says once that it waits, and why it may; the wait goes on.
