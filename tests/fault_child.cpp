@@ -148,17 +148,20 @@ int main(int argc, char** argv) {
         }
         return 0;
     }
-    // Ends (status 0, or 3) before it starts MPI while the others start it a
-    // 2 s later: they wait in MPI_Init.
-    if (mode == "exit_before_mpi" || mode == "exit3_before_mpi") {
+    // Ends (status 0, or 3) before it starts MPI while the others start it
+    // 2 s later: they wait in MPI_Init. sleep_before_mpi: starts MPI 15 s
+    // after the others.
+    if (mode == "exit_before_mpi" || mode == "exit3_before_mpi" || mode == "sleep_before_mpi") {
         const char* r = nullptr;
         for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
             if ((r = std::getenv(v))) break;
         if (r && std::atoi(r) == faulty) {
             fault_mark();
-            return mode == "exit_before_mpi" ? 0 : 3;
+            if (mode != "sleep_before_mpi") return mode == "exit_before_mpi" ? 0 : 3;
+            ::sleep(15);
+        } else {
+            ::sleep(2);
         }
-        ::sleep(2);
     }
     if (use_run)
         return mpiml::run(argc, argv, [&](int, char**) { return body(mode, faulty); });

@@ -430,19 +430,33 @@ BEFORE_INIT = """
     import numpy as np
     import mpiml.mpi_tools as mt
     if os.environ["OMPI_COMM_WORLD_RANK"] == "1":
-        sys.exit(0)  # before MPI started
+        {late}  # before MPI started
     time.sleep(3)
     mt.mpi_sum(np.ones(3))  # starts MPI: MPI_Init waits for rank 1
     """
 
 
-def test_a_rank_that_ends_before_mpi_starts_is_a_timeout_in_mpi_init(tmp_path):
-    """MPI_Init itself waits for every rank; with MPIML_TIMEOUT the
-    watchdog ends that wait too (after at least 10 s), naming the rank that
+@pytest.mark.parametrize("end", ["sys.exit(0)", "os._exit(0)"])
+def test_a_rank_that_ends_before_mpi_starts_ends_the_job(tmp_path, end):
+    """MPI_Init itself waits for every rank, and the launchers do not end a
+    job whose rank ended with status 0: the rank of the same host that waits
+    sees it gone and ends the job, naming it, without a timeout."""
+    if "--oversubscribe" not in mpirun(1):
+        pytest.skip("the script reads Open MPI's rank variable")
+    script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late=end))
+    out = run_failing(mpirun(2, PY, script), 15)
+    assert re.search(r"\[mpiml\] rank \?: (rank 1 \(pid \d+\)|local rank 1 of 2) on this host ended before "
+                     r"it started MPI, and MPI_Init_thread \(rank 0 of the launcher\) would wait for it "
+                     r"forever - aborting the job", out), out
+
+
+def test_a_rank_that_starts_mpi_late_is_a_timeout_in_mpi_init(tmp_path):
+    """With MPIML_TIMEOUT the watchdog ends the wait in MPI_Init for a rank
+    that has not started MPI (after at least 10 s), naming the rank that
     waits."""
     if "--oversubscribe" not in mpirun(1):
         pytest.skip("the script reads Open MPI's rank variable")
-    script = write(tmp_path, "before_init.py", BEFORE_INIT)
+    script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late="time.sleep(60)"))
     out = run_failing(mpirun(2, PY, script), 25, env=clean_env(MPIML_TIMEOUT="4"))
     assert re.search(r"watchdog: MPI_Init_thread waited [\d.]+ s, past the timeout of 10 s \(rank 0 of "
                      r"the launcher\); a rank may have ended before it started MPI", out), out
@@ -470,13 +484,13 @@ def test_a_rank_that_fails_before_mpi_starts_says_so(tmp_path):
     assert re.search(r"\[mpiml\] rank 1 \(pid \d+\): exited with status 1 before it started MPI", out), out
 
 
-def test_a_rank_that_ends_before_mpi_starts_is_a_stall_line_without_a_timeout(tmp_path):
-    """Without MPIML_TIMEOUT nothing ends that wait in MPI_Init; past
-    MPIML_STALL_WARNING the waiting rank says so once, and the job goes on
-    (ended here by the test)."""
+def test_a_rank_that_starts_mpi_late_is_a_stall_line_without_a_timeout(tmp_path):
+    """Without MPIML_TIMEOUT nothing ends a wait in MPI_Init for a rank that
+    lives on; past MPIML_STALL_WARNING the waiting rank says so once, and the
+    job goes on (ended here by the test)."""
     if "--oversubscribe" not in mpirun(1):
         pytest.skip("the script reads Open MPI's rank variable")
-    script = write(tmp_path, "before_init.py", BEFORE_INIT)
+    script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late="time.sleep(60)"))
     p = subprocess.Popen(mpirun(2, PY, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=clean_env(MPIML_STALL_WARNING="2"), start_new_session=True)
     try:

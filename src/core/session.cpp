@@ -1,5 +1,6 @@
 #include "core/config.hpp"
 #include "core/exit_guard.hpp"
+#include "core/local_ranks.hpp"
 #include "core/profile_hooks.hpp"
 #include "core/report.hpp"
 #include "core/state.hpp"
@@ -119,21 +120,19 @@ std::string launcher_rank_text() {
 // wait would overflow the clock.
 double stall_before_init() { return std::min(seconds_before_init("MPIML_STALL_WARNING", 60), 1e7); }
 
-// Without a timeout nothing ends a wait in MPI_Init: past MPIML_STALL_WARNING
-// the rank says once that it waits, and why it may; the wait goes on.
-class InitStallWarning {
+// While MPI_Init waits for every rank: a rank of this host that has ended
+// ends the job (MPI_Init would wait for it forever; the launchers do not end
+// it when the status is 0, nor Hydra at all), and past `stall` seconds (0:
+// never) the rank says once that it still waits, as nothing else ends that
+// wait without a timeout.
+class InitWait {
 public:
-    InitStallWarning(double after, std::string where)
-        : thread_([this, after, where = std::move(where)] {
-              std::unique_lock lock(m_);
-              if (cv_.wait_for(lock, std::chrono::duration<double>(after), [this] { return done_; })) return;
-              char head[96];
-              std::snprintf(head, sizeof head, "[mpiml] stall: MPI_Init_thread has waited %.1f s", after);
-              const std::string line = head + where +
-                                       " - the job goes on (MPIML_TIMEOUT=s ends a hung job)\n";
-              [[maybe_unused]] const ssize_t k = ::write(2, line.data(), line.size());
-          }) {}
-    ~InitStallWarning() {
+    // The environment is read here: MPI_Init may change it while the thread runs.
+    InitWait(double stall, std::string where)
+        : ranks_(LocalRanks::find()),
+          rank_text_(launcher_rank() ? std::string(" (rank ") + launcher_rank() + " of the launcher)" : ""),
+          thread_([this, stall, where = std::move(where)] { run(stall, where); }) {}
+    ~InitWait() {
         {
             std::lock_guard lock(m_);
             done_ = true;
@@ -141,10 +140,52 @@ public:
         cv_.notify_all();
         thread_.join();
     }
-    InitStallWarning(const InitStallWarning&) = delete;
-    InitStallWarning& operator=(const InitStallWarning&) = delete;
+    InitWait(const InitWait&) = delete;
+    InitWait& operator=(const InitWait&) = delete;
 
 private:
+    using Clock = std::chrono::steady_clock;
+    // A rank missing this long has ended (not merely not yet started).
+    static constexpr std::chrono::seconds missing_for{2};
+    static constexpr std::chrono::milliseconds every{500};
+
+    void run(double stall, const std::string& where) {
+        const auto t0 = Clock::now();
+        const auto warn_at = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(stall));
+        bool warned = stall <= 0;
+        std::optional<Clock::time_point> missing_since;
+        std::unique_lock lock(m_);
+        while (!done_) {
+            if (ranks_) {
+                lock.unlock();
+                std::optional<std::string> gone = ranks_->gone();
+                const auto now = Clock::now();
+                if (!gone)
+                    missing_since.reset();
+                else if (!missing_since)
+                    missing_since = now;
+                else if (now - *missing_since >= missing_for)
+                    abort_job(*gone + " on this host ended before it started MPI, and MPI_Init_thread" +
+                              rank_text_ + " would wait for it forever");
+                lock.lock();
+            } else if (warned) {
+                cv_.wait(lock, [this] { return done_; });
+                return;
+            }
+            auto next = ranks_ ? Clock::now() + every : warn_at;
+            if (!warned) next = std::min(next, warn_at);
+            if (cv_.wait_until(lock, next, [this] { return done_; })) return;
+            if (!warned && Clock::now() >= warn_at) {
+                warned = true;
+                char head[96];
+                std::snprintf(head, sizeof head, "[mpiml] stall: MPI_Init_thread has waited %.1f s", stall);
+                const std::string line = head + where + " - the job goes on (MPIML_TIMEOUT=s ends a hung job)\n";
+                [[maybe_unused]] const ssize_t k = ::write(2, line.data(), line.size());
+            }
+        }
+    }
+    std::optional<LocalRanks> ranks_;
+    std::string rank_text_;
     std::mutex m_;
     std::condition_variable cv_;
     bool done_ = false;
@@ -165,16 +206,16 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
     if (!flag) {
         prefer_tcp_send();
         // A rank that ends before it starts MPI leaves the others in
-        // MPI_Init: with a timeout, the watchdog ends that wait too.
+        // MPI_Init: InitWait ends the job when that rank ran on this host,
+        // the watchdog (with a timeout) in any case.
         std::optional<DoorWatch> init_watch;
-        std::optional<InitStallWarning> init_stall;
-        if (const double t = timeout_before_init(opts); t > 0)
-            init_watch.emplace("MPI_Init_thread", t, launcher_rank_text());
-        else if (const double w = stall_before_init(); w > 0)
-            try {
-                init_stall.emplace(w, launcher_rank_text());
-            } catch (const std::system_error&) {  // no thread: no warning, MPI starts as before
-            }
+        std::optional<InitWait> init_wait;
+        const double timeout = timeout_before_init(opts);
+        if (timeout > 0) init_watch.emplace("MPI_Init_thread", timeout, launcher_rank_text());
+        try {
+            init_wait.emplace(timeout > 0 ? 0 : stall_before_init(), launcher_rank_text());
+        } catch (const std::system_error&) {  // no thread: MPI starts as before
+        }
         check_mpi(MPI_Init_thread(argc, argv, opts.thread_level, &s.provided), "MPI_Init_thread");
         s.we_initialized = true;
         std::atexit(atexit_finalize);

@@ -1,0 +1,39 @@
+// The ranks an MPI launcher started on this host, seen through /proc: before
+// MPI starts, the one way to learn that one of them has ended.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+
+namespace mpiml::detail {
+
+/// The other ranks of this host, as children of the launcher's daemon on it
+/// (Open MPI's mpirun or orted, MPICH's hydra_pmi_proxy; a rank may run
+/// under a wrapper such as `sh -c`).
+class LocalRanks {
+public:
+    /// Nothing when this process was not started by one of those launchers
+    /// with other ranks on this host, or /proc does not show its daemon.
+    static std::optional<LocalRanks> find();
+    /// A rank of this host that has ended: "rank 1 (pid 42)", or "local rank
+    /// 1 of 2" when it ended before it was seen. Nothing while all are
+    /// there, or when one of the daemon's children cannot be read (another
+    /// user's, say): then nothing can be told.
+    std::optional<std::string> gone();
+
+private:
+    struct Seen {
+        std::string rank;
+        int pid;
+    };
+    int daemon_ = 0;
+    int local_size_ = 0;
+    const char* rank_var_ = nullptr;
+    const char* local_var_ = nullptr;
+    const char* job_var_ = nullptr;
+    std::string job_;
+    std::map<int, Seen> seen_;  // by local rank, every one ever seen
+};
+
+}  // namespace mpiml::detail
