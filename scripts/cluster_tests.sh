@@ -134,8 +134,8 @@ if [ -x "$fc" ]; then
   # ... before it starts MPI (status 0: mpirun does not end the job): rank 2,
   # on the same host, sees it gone; alone on its host, only the watchdog
   # (MPIML_TIMEOUT, at least 10 s in MPI_Init) ends the others' wait.
-  fault_case rank_exits_before_mpi_on_h2 12 "rank \\?: (rank 3 \\(pid [0-9]+\\)|local rank 1 of 2) on this host ended before it started MPI" exit_before_mpi 3
-  fault_hosts="--host h1:1,h2:1" fault_np=2 fault_case rank_exits_before_mpi_alone_on_h2 20 "watchdog: MPI_Init_thread waited [0-9.]+ s, past the timeout of 10 s \\(rank 0 of the launcher\\)" exit_before_mpi 1
+  fault_case rank_exits_before_mpi_on_h2 15 "rank \\?: (rank 3 \\(pid [0-9]+\\)|local rank 1 of 2) on this host ended before it started MPI" exit_before_mpi 3
+  fault_hosts="--host h1:1,h2:1" fault_np=2 fault_case rank_exits_before_mpi_alone_on_h2 30 "watchdog: MPI_Init_thread waited [0-9.]+ s, past the timeout of 10 s \\(rank 0 of the launcher\\)" exit_before_mpi 1
   FAULT_OWN_INIT=1 fault_hosts="--host h1:1,h2:1" fault_np=2 fault_case rank_returns_before_first_owninit_on_h2 10 "rank 1/2: finalized MPI \\(host h2\\) while rank 0 waits in allreduce #1" return_before 1
   # h2 cut off mid-run under mpiml-run --min-ranks 2: the job restarts on h1 alone.
   name=restart_without_h2

@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
     // after the others.
     if (mode == "exit_before_mpi" || mode == "exit3_before_mpi" || mode == "sleep_before_mpi") {
         const char* r = nullptr;
-        for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"})
+        for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"})
             if ((r = std::getenv(v))) break;
         if (r && std::atoi(r) == faulty) {
             fault_mark();

@@ -9,19 +9,24 @@
 #include <cstring>
 #include <set>
 #include <string_view>
+#include <vector>
 
 namespace mpiml::detail {
 namespace {
 
+// A rank's variables: its rank, the key that tells it from the other ranks
+// of its host, the keys every rank of the host has, and the job's name.
 struct LauncherVars {
     const char* rank;
-    const char* local_rank;
-    const char* local_size;
-    const char* job;  // the job's name, when the launcher gives one
+    const char* key;
+    const char* members;  // a count (keys 0..n-1), or a list of keys with list
+    bool list;
+    const char* job;  // nullptr: the launcher gives none
 };
 constexpr LauncherVars launchers[] = {
-    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_NAMESPACE"},
-    {"PMI_RANK", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", nullptr},  // Hydra
+    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", false, "PMIX_NAMESPACE"},
+    {"PMI_RANK", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", false, nullptr},  // Hydra
+    {"SLURM_PROCID", "SLURM_PROCID", "SLURM_GTIDS", true, nullptr},  // srun: the host's ranks
 };
 
 enum class Read { ok, gone, denied };
@@ -76,30 +81,57 @@ std::optional<int> whole(const char* v) {
     return static_cast<int>(x);
 }
 
+// "0,3,5" as its keys; nothing unless each is a whole number.
+std::optional<std::vector<std::string>> key_list(const char* v) {
+    std::vector<std::string> keys;
+    std::string_view rest = v ? v : "";
+    while (!rest.empty()) {
+        const std::size_t comma = rest.find(',');
+        std::string key(rest.substr(0, comma));
+        if (!whole(key.c_str())) return std::nullopt;
+        keys.push_back(std::move(key));
+        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    }
+    if (keys.empty()) return std::nullopt;
+    return keys;
+}
+
 }  // namespace
 
 std::optional<LocalRanks> LocalRanks::find() {
     for (const LauncherVars& l : launchers) {
-        const std::optional<int> size = whole(std::getenv(l.local_size));
-        if (!std::getenv(l.rank) || !whole(std::getenv(l.local_rank)) || !size) continue;
-        if (*size < 2) return std::nullopt;
+        const char* rank = std::getenv(l.rank);
+        if (!rank || !*rank || !whole(std::getenv(l.key))) continue;
         LocalRanks r;
-        r.local_size_ = *size;
+        if (l.list) {
+            auto keys = key_list(std::getenv(l.members));
+            if (!keys) continue;
+            r.keys_ = std::move(*keys);
+        } else {
+            const std::optional<int> n = whole(std::getenv(l.members));
+            if (!n) continue;
+            for (int k = 0; k < *n; ++k) r.keys_.push_back(std::to_string(k));
+        }
+        if (r.keys_.size() < 2) return std::nullopt;
         r.rank_var_ = l.rank;
-        r.local_var_ = l.local_rank;
+        r.key_var_ = l.key;
+        r.by_local_rank_ = !l.list;
         if (l.job && std::getenv(l.job)) {
             r.job_var_ = l.job;
             r.job_ = std::getenv(l.job);
         }
-        // Up past the wrappers (they carry the rank's variables) to the daemon.
+        // Up past the wrappers (they carry this rank's variables) to the
+        // daemon, the first that does not.
         int p = static_cast<int>(::getppid());
         for (int depth = 0; depth < 8 && p > 1; ++depth) {
             std::string env;
             if (read_file("/proc/" + std::to_string(p) + "/environ", env) != Read::ok) return std::nullopt;
-            if (!env_value(env, l.rank)) {
+            const std::optional<std::string> v = env_value(env, l.rank);
+            if (!v) {
                 r.daemon_ = p;
                 return r;
             }
+            if (*v != rank) return std::nullopt;  // not this rank's wrapper: a daemon we do not know
             int pp = 0;
             char state = 0;
             if (!parent_and_state(p, pp, state)) return std::nullopt;
@@ -113,7 +145,7 @@ std::optional<LocalRanks> LocalRanks::find() {
 std::optional<std::string> LocalRanks::gone() {
     DIR* proc = ::opendir("/proc");
     if (!proc) return std::nullopt;
-    std::set<int> present;
+    std::set<std::string> present;
     bool unknown = false;
     while (const dirent* e = ::readdir(proc)) {
         const std::optional<int> pid = whole(e->d_name);
@@ -128,19 +160,19 @@ std::optional<std::string> LocalRanks::gone() {
         const std::optional<std::string> rank = env_value(env, rank_var_);
         if (!rank) continue;  // not a rank (Open MPI's ssh to other hosts, say)
         if (job_var_ && env_value(env, job_var_) != job_) continue;  // another job's
-        const std::optional<std::string> local = env_value(env, local_var_);
-        const std::optional<int> l = whole(local ? local->c_str() : nullptr);
-        if (!l) continue;
-        present.insert(*l);
-        seen_[*l] = Seen{*rank, *pid};
+        const std::optional<std::string> key = env_value(env, key_var_);
+        if (!key) continue;
+        present.insert(*key);
+        seen_[*key] = Seen{*rank, *pid};
     }
     ::closedir(proc);
     if (unknown) return std::nullopt;
-    for (int l = 0; l < local_size_; ++l) {
-        if (present.count(l)) continue;
-        if (auto it = seen_.find(l); it != seen_.end())
+    for (const std::string& k : keys_) {
+        if (present.count(k)) continue;
+        if (auto it = seen_.find(k); it != seen_.end())
             return "rank " + it->second.rank + " (pid " + std::to_string(it->second.pid) + ")";
-        return "local rank " + std::to_string(l) + " of " + std::to_string(local_size_);
+        if (!by_local_rank_) return "rank " + k;
+        return "local rank " + k + " of " + std::to_string(keys_.size());
     }
     return std::nullopt;
 }

@@ -5,12 +5,13 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace mpiml::detail {
 
 /// The other ranks of this host, as children of the launcher's daemon on it
-/// (Open MPI's mpirun or orted, MPICH's hydra_pmi_proxy; a rank may run
-/// under a wrapper such as `sh -c`).
+/// (Open MPI's mpirun or orted, MPICH's hydra_pmi_proxy, Slurm's
+/// slurmstepd; a rank may run under a wrapper such as `sh -c`).
 class LocalRanks {
 public:
     /// Nothing when this process was not started by one of those launchers
@@ -28,12 +29,13 @@ private:
         int pid;
     };
     int daemon_ = 0;
-    int local_size_ = 0;
     const char* rank_var_ = nullptr;
-    const char* local_var_ = nullptr;
+    const char* key_var_ = nullptr;  // tells the host's ranks apart
+    bool by_local_rank_ = true;      // the key is a local rank (else the rank)
     const char* job_var_ = nullptr;
     std::string job_;
-    std::map<int, Seen> seen_;  // by local rank, every one ever seen
+    std::vector<std::string> keys_;    // every rank of the host has one
+    std::map<std::string, Seen> seen_;  // by key, every one ever seen
 };
 
 }  // namespace mpiml::detail

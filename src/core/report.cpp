@@ -465,8 +465,8 @@ std::string host_name() {
 }
 
 std::string section_head(int rank, int size, const std::string& host, int pid) {
-    return "==== rank " + std::to_string(rank) + "/" + std::to_string(size) + "  host " + host +
-           "  pid " + std::to_string(pid);
+    const std::string who = rank < 0 ? "? (before MPI started)" : std::to_string(rank) + "/" + std::to_string(size);
+    return "==== rank " + who + "  host " + host + "  pid " + std::to_string(pid);
 }
 
 // This rank's section of the report.
