@@ -150,15 +150,26 @@ int main(int argc, char** argv) {
     }
     // Ends (status 0, or 3) before it starts MPI while the others start it
     // 2 s later: they wait in MPI_Init. sleep_before_mpi: starts MPI 15 s
-    // after the others.
-    if (mode == "exit_before_mpi" || mode == "exit3_before_mpi" || mode == "sleep_before_mpi") {
+    // after the others. clobbered_env_before_mpi: writes over its
+    // environment's strings (as setproctitle does; getenv reads copies) and
+    // starts MPI 5 s after the others: not an end, the job completes.
+    if (mode.ends_with("_before_mpi")) {
         const char* r = nullptr;
         for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"})
             if ((r = std::getenv(v))) break;
         if (r && std::atoi(r) == faulty) {
             fault_mark();
-            if (mode != "sleep_before_mpi") return mode == "exit_before_mpi" ? 0 : 3;
-            ::sleep(15);
+            if (mode == "exit_before_mpi" || mode == "exit3_before_mpi") return mode == "exit_before_mpi" ? 0 : 3;
+            if (mode == "clobbered_env_before_mpi") {
+                static std::vector<char*> copy;
+                for (char** e = environ; *e; ++e) {
+                    copy.push_back(::strdup(*e));
+                    std::memset(*e, 'x', std::strlen(*e));
+                }
+                copy.push_back(nullptr);
+                environ = copy.data();
+            }
+            ::sleep(mode == "sleep_before_mpi" ? 15 : 5);
         } else {
             ::sleep(2);
         }

@@ -4,9 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <set>
 #include <string_view>
 #include <vector>
@@ -29,24 +27,16 @@ constexpr LauncherVars launchers[] = {
     {"SLURM_PROCID", "SLURM_PROCID", "SLURM_GTIDS", true, nullptr},  // srun: the host's ranks
 };
 
-enum class Read { ok, gone, denied };
-
-Read read_file(const std::string& path, std::string& out) {
+// The whole of a file; false when it cannot be read (gone, another user's).
+bool read_file(const std::string& path, std::string& out) {
     out.clear();
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errno == EACCES || errno == EPERM ? Read::denied : Read::gone;
+    if (fd < 0) return false;
     char buf[8192];
-    for (;;) {
-        const ssize_t n = ::read(fd, buf, sizeof buf);
-        if (n > 0) {
-            out.append(buf, static_cast<std::size_t>(n));
-            continue;
-        }
-        const int err = errno;
-        ::close(fd);
-        if (n == 0) return Read::ok;
-        return err == EACCES || err == EPERM ? Read::denied : Read::gone;
-    }
+    ssize_t n = 0;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+    ::close(fd);
+    return n == 0;
 }
 
 // NAME's value in an environment block (NAME=value entries, each ended by NUL).
@@ -65,7 +55,7 @@ std::optional<std::string> env_value(const std::string& env, std::string_view na
 // The parent and state of pid (/proc/pid/stat: "pid (comm) S ppid ...").
 bool parent_and_state(int pid, int& ppid, char& state) {
     std::string s;
-    if (read_file("/proc/" + std::to_string(pid) + "/stat", s) != Read::ok) return false;
+    if (!read_file("/proc/" + std::to_string(pid) + "/stat", s)) return false;
     const std::size_t close = s.rfind(')');
     if (close == std::string::npos || close + 4 >= s.size()) return false;
     state = s[close + 2];
@@ -125,7 +115,7 @@ std::optional<LocalRanks> LocalRanks::find() {
         int p = static_cast<int>(::getppid());
         for (int depth = 0; depth < 8 && p > 1; ++depth) {
             std::string env;
-            if (read_file("/proc/" + std::to_string(p) + "/environ", env) != Read::ok) return std::nullopt;
+            if (!read_file("/proc/" + std::to_string(p) + "/environ", env)) return std::nullopt;
             const std::optional<std::string> v = env_value(env, l.rank);
             if (!v) {
                 r.daemon_ = p;
@@ -146,19 +136,18 @@ std::optional<std::string> LocalRanks::gone() {
     DIR* proc = ::opendir("/proc");
     if (!proc) return std::nullopt;
     std::set<std::string> present;
-    bool unknown = false;
+    std::set<int> alive;  // every live child of the daemon, rank or not
     while (const dirent* e = ::readdir(proc)) {
         const std::optional<int> pid = whole(e->d_name);
         int ppid = 0;
         char state = 0;
         if (!pid || !parent_and_state(*pid, ppid, state) || ppid != daemon_) continue;
         if (state == 'Z' || state == 'X') continue;  // ended, not yet reaped
+        alive.insert(*pid);
         std::string env;
-        const Read got = read_file("/proc/" + std::to_string(*pid) + "/environ", env);
-        if (got == Read::denied) unknown = true;
-        if (got != Read::ok) continue;
+        if (!read_file("/proc/" + std::to_string(*pid) + "/environ", env)) continue;
         const std::optional<std::string> rank = env_value(env, rank_var_);
-        if (!rank) continue;  // not a rank (Open MPI's ssh to other hosts, say)
+        if (!rank) continue;  // not a rank (Open MPI's ssh to other hosts), or one that wrote over its environment
         if (job_var_ && env_value(env, job_var_) != job_) continue;  // another job's
         const std::optional<std::string> key = env_value(env, key_var_);
         if (!key) continue;
@@ -166,11 +155,16 @@ std::optional<std::string> LocalRanks::gone() {
         seen_[*key] = Seen{*rank, *pid};
     }
     ::closedir(proc);
-    if (unknown) return std::nullopt;
+    // A rank not found is gone when its process, seen before, has ended, or
+    // when fewer children live than the host has ranks. Otherwise it may be
+    // a child whose environment cannot be read or was written over.
     for (const std::string& k : keys_) {
         if (present.count(k)) continue;
-        if (auto it = seen_.find(k); it != seen_.end())
+        if (auto it = seen_.find(k); it != seen_.end()) {
+            if (alive.count(it->second.pid)) continue;
             return "rank " + it->second.rank + " (pid " + std::to_string(it->second.pid) + ")";
+        }
+        if (alive.size() >= keys_.size()) continue;
         if (!by_local_rank_) return "rank " + k;
         return "local rank " + k + " of " + std::to_string(keys_.size());
     }

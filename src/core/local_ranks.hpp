@@ -18,9 +18,10 @@ public:
     /// with other ranks on this host, or /proc does not show its daemon.
     static std::optional<LocalRanks> find();
     /// A rank of this host that has ended: "rank 1 (pid 42)", or "local rank
-    /// 1 of 2" when it ended before it was seen. Nothing while all are
-    /// there, or when one of the daemon's children cannot be read (another
-    /// user's, say): then nothing can be told.
+    /// 1 of 2" ("rank 1" under srun) when it ended before it was seen.
+    /// Nothing while all are there, or while a child of the daemon that is
+    /// not known as a rank (its environment unreadable, or written over by
+    /// the program) may be the one missing.
     std::optional<std::string> gone();
 
 private:
