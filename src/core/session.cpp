@@ -109,12 +109,12 @@ double timeout_before_init(const SessionOptions& opts) {
     return t > 0 ? std::max(t, at_least) : 0;
 }
 
-// " (rank 3 of the launcher)": who waits, before MPI can say.
-std::string launcher_rank_text() {
-    if (const char* v = launcher_rank())
-        return std::string(" (rank ") + v + " of the launcher); a rank may have ended before it started MPI";
-    return "; a rank may have ended before it started MPI";
+// " (rank 3 of the launcher)", or "": who waits, before MPI can say.
+std::string rank_of_launcher() {
+    const char* v = launcher_rank();
+    return v ? std::string(" (rank ") + v + " of the launcher)" : std::string();
 }
+std::string launcher_rank_text() { return rank_of_launcher() + "; a rank may have ended before it started MPI"; }
 
 // MPIML_STALL_WARNING, 60 s unless set; at most 1e7 s (116 days): a longer
 // wait would overflow the clock.
@@ -130,7 +130,7 @@ public:
     // The environment is read here: MPI_Init may change it while the thread runs.
     InitWait(double stall, std::string where)
         : ranks_(LocalRanks::find()),
-          rank_text_(launcher_rank() ? std::string(" (rank ") + launcher_rank() + " of the launcher)" : ""),
+          rank_text_(rank_of_launcher()),
           thread_([this, stall, where = std::move(where)] { run(stall, where); }) {}
     ~InitWait() {
         {
