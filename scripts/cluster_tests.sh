@@ -101,13 +101,18 @@ fault_case() {
   local name=$1 limit=$2 regex=$3 mode=$4 faulty=$5 action=${6:-}
   picked "fault.$name" || return 0
   local mark=$log/fault.$name.mark  # when the fault came (tests/fault_mark.hpp)
-  rm -f "$mark"
+  rm -f "$mark" ${record_re:+"$MPIML_ABORT_RECORD"}
   MPIML_FAULT_MARK=$mark bash "$root/tests/run_fault_case.sh" "$mpirun_cl" "${fault_hosts:---host h1:2,h2:2}" "${fault_prog:-$fc}" "${fault_np:-4}" "$mode" "$faulty" \
     "$limit" "$regex" > "$log/fault.$name.log" 2>&1 &
   local job=$!
   if [ -n "$action" ]; then sleep 3; fault_now "$mark"; eval "$action" >> "$log/fault.$name.log" 2>&1; fi
   wait $job
   local rc=$?
+  if [ -n "${record_re:-}" ]; then  # lines the ranks wrote to MPIML_ABORT_RECORD
+    local want=${record_re%%:*} re=${record_re#*:}
+    [ "$(grep -Ec -- "$re" "$MPIML_ABORT_RECORD" 2> /dev/null)" -eq "$want" ] ||
+      { echo "FAIL: not $want lines /$re/ in the abort record:"; cat "$MPIML_ABORT_RECORD"; rc=1; } >> "$log/fault.$name.log" 2>&1
+  fi
   ip -n "${ns}h2" link set eth0 up
   hosts_empty >> "$log/fault.$name.log" || rc=1
   result "fault.$name" $rc "($(grep -o 'elapsed=[0-9.]*s' "$log/fault.$name.log"))"
@@ -119,6 +124,11 @@ if [ -x "$fc" ]; then
   # TCP transport), Open MPI's own end naming h2 as the lost peer's host
   fault_case h2_ranks_killed 16 "rank [23] .* on node h2 .*(signal 9|Killed)|Peer host: +h2" loop -1 \
     'kill -9 $(ip netns pids ${ns}h2 | xargs ps -o pid=,comm= -p | awk "\$2 == \"fault_child\" {print \$1}")'
+  # h2's daemon killed: its ranks end themselves (nothing else would), and
+  # mpirun ends the job on h1
+  MPIML_ABORT_RECORD=$log/fault.h2_daemon_killed.record record_re="2:^rank [23]/4 host h2: the launcher's process on this host \\(orted, pid [0-9]+\\) has ended" \
+    fault_case h2_daemon_killed 10 "lost communication with a remote daemon" loop -1 \
+    'kill -9 $(ip netns pids ${ns}h2 | xargs ps -o pid=,comm= -p | awk "\$2 == \"orted\" {print \$1}")'
   # (the link comes back after the limit in any case, so that a hang cannot outlive the case)
   fault_case h2_link_cut 16 "rank [0-3]/4: watchdog: .*(never arrived|on this node \\(h[12]\\) arrived)|lost communication with a remote daemon" loop -1 \
     'ip -n "${ns}h2" link set eth0 down; (sleep 20; ip -n "${ns}h2" link set eth0 up) &'

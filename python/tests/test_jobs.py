@@ -450,6 +450,62 @@ def test_a_rank_that_ends_before_mpi_starts_ends_the_job(tmp_path, end):
                      r"forever - aborting the job", out), out
 
 
+ORPHAN = """
+    import os, numpy as np
+    import mpiml.mpi_tools as mt
+    mt.mpi_sum(np.ones(3))
+    with open(os.path.join({dir!r}, "pid.%d" % mt.proc_id()), "w") as f:
+        f.write(str(os.getpid()))
+    while True:
+        mt.mpi_sum(np.ones(3))
+    """
+
+
+def _ended(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in "ZX"
+    except OSError:
+        return True
+
+
+def test_a_rank_whose_launcher_is_killed_ends_itself(tmp_path):
+    """The launcher's process of the host (mpirun, hydra_pmi_proxy) killed
+    while the ranks run: nothing would end them (Hydra's mpiexec waits for
+    them too); each ends itself at once, its line in the abort record."""
+    script = write(tmp_path, "orphan.py", ORPHAN.format(dir=str(tmp_path)))
+    record = tmp_path / "record"
+    p = subprocess.Popen(mpirun(2, PY, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=clean_env(MPIML_ABORT_RECORD=str(record)), start_new_session=True)
+    pids = []
+    try:
+        _wait_until(_rank_files(tmp_path, "pid"), p)
+        time.sleep(0.2)  # the files are written
+        pids = [int((tmp_path / ("pid.%d" % r)).read_text()) for r in range(2)]
+        with open("/proc/%d/stat" % pids[0]) as f:
+            daemon = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open("/proc/%d/comm" % daemon) as f:
+            name = f.read().strip()
+        os.kill(daemon, signal.SIGKILL)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 5 and not (all(_ended(x) for x in pids) and p.poll() is not None):
+            time.sleep(0.05)
+        assert all(_ended(x) for x in pids), "ranks left after 5 s: %s" % pids
+        p.communicate(timeout=5)  # the launcher's command ended too
+        lines = record.read_text()
+        for r in range(2):
+            assert re.search(r"^rank %d/2 host [^:]+: the launcher's process on this host \(%s, pid %d\) has "
+                             r"ended, and nothing else would end this rank$" % (r, re.escape(name), daemon),
+                             lines, re.M), lines
+    finally:
+        for x in pids:
+            if not _ended(x):
+                os.kill(x, signal.SIGKILL)
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def test_a_rank_that_starts_mpi_late_is_a_timeout_in_mpi_init(tmp_path):
     """With MPIML_TIMEOUT the watchdog ends the wait in MPI_Init for a rank
     that has not started MPI (after at least 10 s), naming the rank that

@@ -94,16 +94,17 @@ void print_backtrace() {
 }
 
 
-void print_abort_line(std::string_view what) {
+void print_line(std::string_view what, const char* end) {
     char prefix[64];
     const std::size_t n = format_prefix(prefix, sizeof prefix);
     std::string line(prefix, std::min(n, sizeof prefix - 1));
     line.append(what);
-    line += " - aborting the job\n";
+    line += end;
     std::fflush(stdout);
     write_all(line.data(), line.size());
     record_abort(what.data(), what.size());
 }
+void print_abort_line(std::string_view what) { print_line(what, " - aborting the job\n"); }
 
 void on_terminate() {
     static std::once_flag once;
@@ -190,6 +191,11 @@ void record_abort_line(std::string_view what) { record_abort(what.data(), what.s
 void abort_quietly(int code) {
     profile_write_own();
     abort_mpi(code == 0 ? 1 : code);
+}
+void end_orphan(std::string_view what) {
+    print_line(what, " - ending this rank\n");
+    profile_write_own();
+    ::_exit(1);
 }
 }  // namespace detail
 

@@ -86,6 +86,28 @@ std::optional<std::vector<std::string>> key_list(const char* v) {
     return keys;
 }
 
+// How far up the process tree the daemon may be (wrappers such as `sh -c`).
+constexpr int max_depth = 8;
+
+// The launcher's daemon above this process: up past the wrappers (they carry
+// this rank's variable with the same value) to the first ancestor without it.
+// Nothing when /proc does not show it, or an ancestor is another rank's.
+std::optional<int> daemon_above(const char* rank_var, const char* rank) {
+    int p = static_cast<int>(::getppid());
+    for (int depth = 0; depth < max_depth && p > 1; ++depth) {
+        std::string env;
+        if (!read_file("/proc/" + std::to_string(p) + "/environ", env)) return std::nullopt;
+        const std::optional<std::string> v = env_value(env, rank_var);
+        if (!v) return p;
+        if (*v != rank) return std::nullopt;  // not this rank's wrapper: a daemon we do not know
+        int pp = 0;
+        char state = 0;
+        if (!parent_and_state(p, pp, state)) return std::nullopt;
+        p = pp;
+    }
+    return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<LocalRanks> LocalRanks::find() {
@@ -110,26 +132,38 @@ std::optional<LocalRanks> LocalRanks::find() {
             r.job_var_ = l.job;
             r.job_ = std::getenv(l.job);
         }
-        // Up past the wrappers (they carry this rank's variables) to the
-        // daemon, the first that does not.
-        int p = static_cast<int>(::getppid());
-        for (int depth = 0; depth < 8 && p > 1; ++depth) {
-            std::string env;
-            if (!read_file("/proc/" + std::to_string(p) + "/environ", env)) return std::nullopt;
-            const std::optional<std::string> v = env_value(env, l.rank);
-            if (!v) {
-                r.daemon_ = p;
-                return r;
-            }
-            if (*v != rank) return std::nullopt;  // not this rank's wrapper: a daemon we do not know
-            int pp = 0;
-            char state = 0;
-            if (!parent_and_state(p, pp, state)) return std::nullopt;
-            p = pp;
-        }
-        return std::nullopt;
+        const std::optional<int> daemon = daemon_above(l.rank, rank);
+        if (!daemon) return std::nullopt;
+        r.daemon_ = *daemon;
+        return r;
     }
     return std::nullopt;
+}
+
+std::optional<LauncherDaemon> launcher_daemon() {
+    for (const LauncherVars& l : launchers) {
+        const char* rank = std::getenv(l.rank);
+        if (!rank || !*rank) continue;
+        const std::optional<int> pid = daemon_above(l.rank, rank);
+        if (!pid) return std::nullopt;
+        std::string name;
+        read_file("/proc/" + std::to_string(*pid) + "/comm", name);
+        while (!name.empty() && name.back() == '\n') name.pop_back();
+        return LauncherDaemon{*pid, name.empty() ? "?" : name};
+    }
+    return std::nullopt;
+}
+
+bool is_ancestor(int pid) {
+    int p = static_cast<int>(::getppid());
+    for (int depth = 0; depth < max_depth && p > 1; ++depth) {
+        if (p == pid) return true;
+        int pp = 0;
+        char state = 0;
+        if (!parent_and_state(p, pp, state)) return false;
+        p = pp;
+    }
+    return false;
 }
 
 std::optional<std::string> LocalRanks::gone() {

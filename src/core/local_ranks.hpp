@@ -12,6 +12,18 @@ namespace mpiml::detail {
 /// The other ranks of this host, as children of the launcher's daemon on it
 /// (Open MPI's mpirun or orted, MPICH's hydra_pmi_proxy, Slurm's
 /// slurmstepd; a rank may run under a wrapper such as `sh -c`).
+/// The launcher's process that started this rank on this host (Open MPI's
+/// mpirun or orted, Hydra's hydra_pmi_proxy, Slurm's slurmstepd): the first
+/// ancestor without this rank's variable. Nothing when no such launcher
+/// started this process, or /proc does not show its daemon.
+struct LauncherDaemon {
+    int pid;
+    std::string name;
+};
+std::optional<LauncherDaemon> launcher_daemon();
+/// Whether pid is an ancestor of this process, up to the depth wrappers reach.
+bool is_ancestor(int pid);
+
 class LocalRanks {
 public:
     /// Nothing when this process was not started by one of those launchers

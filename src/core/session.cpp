@@ -1,4 +1,5 @@
 #include "core/config.hpp"
+#include "core/daemon_watch.hpp"
 #include "core/exit_guard.hpp"
 #include "core/local_ranks.hpp"
 #include "core/profile_hooks.hpp"
@@ -52,6 +53,7 @@ std::vector<void (*)()>& finalize_hooks() {
 int on_self_delete(MPI_Comm, int, void*, void*) {
     exit_check_other_threads();  // when MPI_Finalize was not called through mpiml
     exit_guard_run();  // first: the hooks below may be collective
+    stop_daemon_watch();
     auto& hooks = finalize_hooks();
     for (auto it = hooks.rbegin(); it != hooks.rend(); ++it) (*it)();
     hooks.clear();
@@ -202,6 +204,7 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
     int flag = 0;
     MPI_Finalized(&flag);
     if (flag) fail(call, "MPI has been finalized; no mpiml call may follow MPI_Finalize");
+    start_daemon_watch();  // before MPI_Init, which waits for the launcher too
     MPI_Initialized(&flag);
     if (!flag) {
         prefer_tcp_send();

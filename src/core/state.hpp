@@ -36,6 +36,9 @@ void set_abort_record(const std::string& path);
 void record_abort_line(std::string_view what);
 /// MPI_Abort with code, without a line (the lines that end the job are out).
 [[noreturn]] void abort_quietly(int code);
+/// Ends this rank alone, with "[mpiml] rank R/N: <what> - ending this rank"
+/// (also in the abort record) and status 1: for a rank its launcher left.
+[[noreturn]] void end_orphan(std::string_view what);
 
 /// MPIML_INJECT: set up at initialization (inject.cpp); then each collective
 /// calls inject_on_collective while injecting() is true.
