@@ -201,7 +201,7 @@ fault_once() {
   # The limit counts from the fault: the program appends the time it injects
   # it to this file (tests/fault_mark.hpp), an action its own.
   local mark=$log/fault.$name.mark
-  rm -f "$mark" "$log/fault.$name.report"
+  rm -f "$mark" "$log/fault.$name.report" ${record_re:+"$MPIML_ABORT_RECORD"}
   t0=$(date +%s.%N)
   MPIML_FAULT_MARK=$mark timeout $((limit + 60)) "$cl" slurm srun --mpi=pmix -N 2 -n 4 "$fc" "$mode" "$faulty" > "$log/fault.$name.log" 2>&1 &
   job=$!
@@ -217,6 +217,11 @@ fault_once() {
     { [ -z "${REPORT_RANKS:-}" ] || bash "$root/tests/check_report.sh" "$log/fault.$name.log" "$REPORT_RANKS" > "$log/fault.$name.report"; }
   rc=$?
   [ -f "$log/fault.$name.report" ] && cat "$log/fault.$name.report" >> "$log/fault.$name.log" && rm -f "$log/fault.$name.report"
+  if [ -n "${record_re:-}" ]; then  # lines the ranks wrote to MPIML_ABORT_RECORD
+    local want=${record_re%%:*} re=${record_re#*:}
+    [ "$(grep -Ec -- "$re" "$MPIML_ABORT_RECORD" 2> /dev/null)" -eq "$want" ] ||
+      { echo "FAIL: not $want lines /$re/ in the abort record:"; cat "$MPIML_ABORT_RECORD"; rc=1; } >> "$log/fault.$name.log" 2>&1
+  fi
   "$cl" link h2 up
   [ -e "$log/restart_slurmd" ] && { "$cl" slurmd h2 start; rm "$log/restart_slurmd"; }
   settled >> "$log/fault.$name.log" || rc=1
@@ -240,6 +245,12 @@ REPORT_RANKS=4 fault_case rank_stalled_on_h2 13 "rank 3/4 +host h2 +pid [0-9]+: 
 # until MPIML_TIMEOUT and end the step; srun then gives up on h2's tasks.
 fault_case h2_lost 25 "rank [01]/4: watchdog: .* every rank on this node \\(h1\\) arrived \\(a rank on another node may not have\\)" loop -1 \
   "touch '$log/restart_slurmd'; '$cl' slurmd h2 stop; '$cl' link h2 down"
+# h2's slurmstepd of the step killed: h2's ranks end themselves (nothing
+# else would), h1's ranks then wait in a collective until MPIML_TIMEOUT.
+MPIML_ABORT_RECORD=$log/fault.stepd_killed_on_h2.record \
+  record_re="2:^rank [23]/4 host h2: the launcher's process on this host \\(slurmstepd, pid [0-9]+\\) has ended" \
+  fault_case stepd_killed_on_h2 25 "rank [01]/4: watchdog: .* every rank on this node \\(h1\\) arrived" loop -1 \
+  "kill -9 \$(ps -o ppid= -p \$(ip netns pids '${MPIML_CLUSTER_PREFIX:-mpiml-}h2' | xargs ps -o pid=,comm= -p | awk '\$2 == \"fault_child\" { print \$1; exit }'))"
 # h2's slurmd alone stopped: the steps it started go on (slurmstepd runs them)
 name=slurmd_stopped_on_h2
 slurmd_stopped() {
