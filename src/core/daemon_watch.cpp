@@ -42,7 +42,7 @@ int open_pidfd(int pid) {
 
 void run(const LauncherDaemon& d, int stop_fd) {
     ::pthread_setname_np(::pthread_self(), "mpiml-launcher");
-    // The line may go to a pipe the daemon read: no SIGPIPE for this thread.
+    // stderr may be a pipe that only the lost daemon read: no SIGPIPE here.
     sigset_t pipe;
     sigemptyset(&pipe);
     sigaddset(&pipe, SIGPIPE);
