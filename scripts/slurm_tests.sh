@@ -217,10 +217,12 @@ fault_once() {
     { [ -z "${REPORT_RANKS:-}" ] || bash "$root/tests/check_report.sh" "$log/fault.$name.log" "$REPORT_RANKS" > "$log/fault.$name.report"; }
   rc=$?
   [ -f "$log/fault.$name.report" ] && cat "$log/fault.$name.report" >> "$log/fault.$name.log" && rm -f "$log/fault.$name.report"
-  if [ -n "${record_re:-}" ]; then  # lines the ranks wrote to MPIML_ABORT_RECORD
+  # record_re=n:regex: at least n such lines in MPIML_ABORT_RECORD (a rank
+  # may end first by its peer's end, without one)
+  if [ -n "${record_re:-}" ]; then
     local want=${record_re%%:*} re=${record_re#*:}
-    [ "$(grep -Ec -- "$re" "$MPIML_ABORT_RECORD" 2> /dev/null)" -eq "$want" ] ||
-      { echo "FAIL: not $want lines /$re/ in the abort record:"; cat "$MPIML_ABORT_RECORD"; rc=1; } >> "$log/fault.$name.log" 2>&1
+    [ "$(grep -Ec -- "$re" "$MPIML_ABORT_RECORD" 2> /dev/null)" -ge "$want" ] ||
+      { echo "FAIL: fewer than $want lines /$re/ in the abort record:"; cat "$MPIML_ABORT_RECORD"; rc=1; } >> "$log/fault.$name.log" 2>&1
   fi
   "$cl" link h2 up
   [ -e "$log/restart_slurmd" ] && { "$cl" slurmd h2 start; rm "$log/restart_slurmd"; }
@@ -248,7 +250,7 @@ fault_case h2_lost 25 "rank [01]/4: watchdog: .* every rank on this node \\(h1\\
 # h2's slurmstepd of the step killed: h2's ranks end themselves (nothing
 # else would), h1's ranks then wait in a collective until MPIML_TIMEOUT.
 MPIML_ABORT_RECORD=$log/fault.stepd_killed_on_h2.record \
-  record_re="2:^rank [23]/4 host h2: the launcher's process on this host \\(slurmstepd, pid [0-9]+\\) has ended" \
+  record_re="1:^rank [23]/4 host h2: the launcher's process on this host \\(slurmstepd, pid [0-9]+\\) has ended" \
   fault_case stepd_killed_on_h2 25 "rank [01]/4: watchdog: .* every rank on this node \\(h1\\) arrived" loop -1 \
   "kill -9 \$(ps -o ppid= -p \$(ip netns pids '${MPIML_CLUSTER_PREFIX:-mpiml-}h2' | xargs ps -o pid=,comm= -p | awk '\$2 == \"fault_child\" { print \$1; exit }'))"
 # h2's slurmd alone stopped: the steps it started go on (slurmstepd runs them)

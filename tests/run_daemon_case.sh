@@ -4,7 +4,7 @@
 # MPI's mpirun, Hydra's hydra_pmi_proxy) with SIGKILL while the ranks run
 # collectives (<prog> loop). Passes when every rank and the launcher's
 # command have ended within <limit> seconds of the kill, and the abort
-# record holds each rank's line naming the killed process.
+# record holds a rank's line naming the killed process.
 set -u
 . "$(dirname "$0")/fault_mark.sh"
 launcher=$1 flags=$2 prog=$3 np=$4 limit=$5
@@ -33,7 +33,7 @@ for _ in $(seq 1 300); do
 done
 pids=$(live_ranks)
 [ "$(wc -w <<< "$pids")" -eq "$np" ] || { echo "FAIL: $np ranks did not start"; cat "$tmp/out"; exit 1; }
-daemon=$(ps -o ppid= -p $pids | sort -u)
+daemon=$(ps -o ppid= -p $pids | tr -d " " | sort -u)
 [ "$(wc -w <<< "$daemon")" -eq 1 ] || { echo "FAIL: the ranks have parents $daemon"; exit 1; }
 name=$(cat "/proc/$daemon/comm")
 echo "ranks $(echo $pids) under $name (pid $daemon): killing it"
@@ -56,9 +56,9 @@ grep -v '^\s*$' "$tmp/out" | head -20
 echo "---- abort record:"
 cat "$tmp/record" 2> /dev/null
 echo "---- np=$np launcher exit=$rc elapsed=${elapsed}s from the kill (limit ${limit}s)"
-for ((r = 0; r < np; r++)); do
-  grep -Eq "^rank $r/$np host [^:]+: the launcher's process on this host \\($name, pid $daemon\\) has ended" "$tmp/record" 2> /dev/null ||
-    { echo "FAIL: no line of rank $r in the abort record"; ok=0; }
-done
+# The watch's lines: a rank may also end first by its peers' ends (MPI's own
+# error path, or SIGPIPE writing to the lost output), then without one.
+lines=$(grep -Ec "^rank [0-9]+/$np host [^:]+: the launcher's process on this host \\($name, pid $daemon\\) has ended" "$tmp/record" 2> /dev/null)
+[ "${lines:-0}" -ge 1 ] || { echo "FAIL: no rank's line in the abort record"; ok=0; }
 [ $ok -eq 1 ] && echo "PASS" && exit 0
 exit 1

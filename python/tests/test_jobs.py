@@ -472,7 +472,8 @@ def _ended(pid):
 def test_a_rank_whose_launcher_is_killed_ends_itself(tmp_path):
     """The launcher's process of the host (mpirun, hydra_pmi_proxy) killed
     while the ranks run: nothing would end them (Hydra's mpiexec waits for
-    them too); each ends itself at once, its line in the abort record."""
+    them too); each ends at once, the ones the watch ends with a line in the
+    abort record."""
     script = write(tmp_path, "orphan.py", ORPHAN.format(dir=str(tmp_path)))
     record = tmp_path / "record"
     p = subprocess.Popen(mpirun(2, PY, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -492,11 +493,11 @@ def test_a_rank_whose_launcher_is_killed_ends_itself(tmp_path):
             time.sleep(0.05)
         assert all(_ended(x) for x in pids), "ranks left after 5 s: %s" % pids
         p.communicate(timeout=5)  # the launcher's command ended too
+        # a rank may also end first by its peer's end, then without a line
         lines = record.read_text()
-        for r in range(2):
-            assert re.search(r"^rank %d/2 host [^:]+: the launcher's process on this host \(%s, pid %d\) has "
-                             r"ended, and nothing else would end this rank$" % (r, re.escape(name), daemon),
-                             lines, re.M), lines
+        assert re.search(r"^rank [01]/2 host [^:]+: the launcher's process on this host \(%s, pid %d\) has "
+                         r"ended, and nothing else would end this rank$" % (re.escape(name), daemon),
+                         lines, re.M), lines
     finally:
         for x in pids:
             if not _ended(x):
