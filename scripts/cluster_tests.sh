@@ -16,7 +16,7 @@
 # within 60 (seed 0 reaches it in 14 epochs; the run stops there).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-. "$root/tests/fault_mark.sh"  # fault_time, fault_now
+. "$root/tests/fault_mark.sh"  # fault_time, fault_now, record_ok
 build=$(cd "${1:-$root/build}" && pwd)
 cl=$root/scripts/cluster.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -108,13 +108,7 @@ fault_case() {
   if [ -n "$action" ]; then sleep 3; fault_now "$mark"; eval "$action" >> "$log/fault.$name.log" 2>&1; fi
   wait $job
   local rc=$?
-  # record_re=n:regex: at least n such lines in MPIML_ABORT_RECORD (a rank
-  # may end first by its peer's end, without one)
-  if [ -n "${record_re:-}" ]; then
-    local want=${record_re%%:*} re=${record_re#*:}
-    [ "$(grep -Ec -- "$re" "$MPIML_ABORT_RECORD" 2> /dev/null)" -ge "$want" ] ||
-      { echo "FAIL: fewer than $want lines /$re/ in the abort record:"; cat "$MPIML_ABORT_RECORD"; rc=1; } >> "$log/fault.$name.log" 2>&1
-  fi
+  record_ok >> "$log/fault.$name.log" 2>&1 || rc=1  # record_re: the ranks' lines
   ip -n "${ns}h2" link set eth0 up
   hosts_empty >> "$log/fault.$name.log" || rc=1
   result "fault.$name" $rc "($(grep -o 'elapsed=[0-9.]*s' "$log/fault.$name.log"))"

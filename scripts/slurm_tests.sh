@@ -16,7 +16,7 @@
 # interruption. PPO=0 skips the sbatch PPO run.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-. "$root/tests/fault_mark.sh"  # fault_time, fault_now
+. "$root/tests/fault_mark.sh"  # fault_time, fault_now, record_ok
 build=$(cd "${1:-$root/build}" && pwd)
 mpich_build=${MPICH_BUILD:-$root/build-mpich}
 cl=$root/scripts/cluster.sh
@@ -217,13 +217,7 @@ fault_once() {
     { [ -z "${REPORT_RANKS:-}" ] || bash "$root/tests/check_report.sh" "$log/fault.$name.log" "$REPORT_RANKS" > "$log/fault.$name.report"; }
   rc=$?
   [ -f "$log/fault.$name.report" ] && cat "$log/fault.$name.report" >> "$log/fault.$name.log" && rm -f "$log/fault.$name.report"
-  # record_re=n:regex: at least n such lines in MPIML_ABORT_RECORD (a rank
-  # may end first by its peer's end, without one)
-  if [ -n "${record_re:-}" ]; then
-    local want=${record_re%%:*} re=${record_re#*:}
-    [ "$(grep -Ec -- "$re" "$MPIML_ABORT_RECORD" 2> /dev/null)" -ge "$want" ] ||
-      { echo "FAIL: fewer than $want lines /$re/ in the abort record:"; cat "$MPIML_ABORT_RECORD"; rc=1; } >> "$log/fault.$name.log" 2>&1
-  fi
+  record_ok >> "$log/fault.$name.log" 2>&1 || rc=1  # record_re: the ranks' lines
   "$cl" link h2 up
   [ -e "$log/restart_slurmd" ] && { "$cl" slurmd h2 start; rm "$log/restart_slurmd"; }
   settled >> "$log/fault.$name.log" || rc=1
