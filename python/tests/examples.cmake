@@ -6,4 +6,5 @@ if(TARGET _torch AND TARGET _c10d)
   mpiml_add_pytest(NAME pytest_examples_resume FILE tests/test_examples_resume.py RANKS 1
                    TIMEOUT 600 LABELS examples checkpoint fault
                    ENV MPIML_RUN=$<TARGET_FILE:mpiml-run>)
+  set_tests_properties(pytest_examples_resume.np1 PROPERTIES COST 500)  # a minute: started early
 endif()
