@@ -34,6 +34,46 @@ stage "dependencies"
 stage "build"
 "$root/scripts/build.sh" || exit 1
 
+# The MPICH, ASan + UBSan and TSan builds: configure and build, logs beside
+# the build directory.
+mpich=$root/build-mpich asan=$root/build-asan tsan=$root/build-tsan
+build_mpich() {
+  cmake -S "$root" -B "$mpich" -DMPIML_WITH_TORCH=OFF -DMPIML_WITH_PYTHON=OFF -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF \
+    -DMPI_CXX_COMPILER=mpicxx.mpich -DMPIEXEC_EXECUTABLE=/usr/bin/mpiexec.mpich > "$mpich-configure.log" 2>&1 &&
+    cmake --build "$mpich" -j"$(nproc)" > "$mpich-build.log" 2>&1
+}
+build_asan() {
+  cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DMPIML_SANITIZE=ON -DMPIML_WITH_TORCH=OFF -DMPIML_WITH_PYTHON=OFF \
+    -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF > "$asan-configure.log" 2>&1 &&
+    cmake --build "$asan" -j"$(nproc)" --target test_core test_stats test_errors test_profile test_checkpoint test_shm \
+      profile_env_child check_profile > "$asan-build.log" 2>&1
+}
+# LibTorch and Python are not instrumented (ignored as Open MPI is); mpiml,
+# mpiml::torch and the extensions are (python/tests/tsan.cmake); the pytest
+# cases import the package installed from this build, so all that is installed is built.
+build_tsan() {
+  cmake -S "$root" -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMPIML_SANITIZE_THREAD=ON -DMPIML_WITH_TORCH=ON \
+    -DMPIML_WITH_PYTHON=ON -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF > "$tsan-configure.log" 2>&1 &&
+    cmake --build "$tsan" -j"$(nproc)" --target test_watchdog test_profile test_torch_overlap test_worker_queue \
+      _core _c10d _torch mpiml-run mpiml-report > "$tsan-build.log" 2>&1
+}
+# They run one after the other while the main build's tests run, in the idle
+# scheduling class (chrt --idle): on the CPU time the tests leave, at some
+# cost to the tests' speed (caches, memory), none to their priority. Each
+# writes its status to <dir>.status; a stage waits for its build.
+rm -f "$mpich.status" "$asan.status" "$tsan.status"
+(
+  chrt --idle -p 0 "$BASHPID" > /dev/null 2>&1 || echo "chrt --idle failed: the builds run beside the tests at normal priority"
+  for b in mpich asan tsan; do
+    "build_$b"; echo $? > "$root/build-$b.status"
+  done
+) &
+builds=$!
+built() {  # dir: waits for its background build; true if it succeeded
+  while [ ! -f "$1.status" ] && kill -0 "$builds" 2> /dev/null; do sleep 2; done
+  [ "$(cat "$1.status" 2> /dev/null)" = 0 ]
+}
+
 stage "unit and multi-rank tests"
 run_ctest main -LE "fault|learning" -j2 --timeout 600
 stage "fault-injection suite (two jobs at a time; each case has a deadline, met at half of it or less)"
@@ -54,10 +94,7 @@ fi
 rm -rf "$prefix"
 
 stage "all tests but LibTorch's against MPICH"
-mpich=$root/build-mpich
-if cmake -S "$root" -B "$mpich" -DMPIML_WITH_TORCH=OFF -DMPIML_WITH_PYTHON=OFF -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF \
-     -DMPI_CXX_COMPILER=mpicxx.mpich -DMPIEXEC_EXECUTABLE=/usr/bin/mpiexec.mpich > "$mpich-configure.log" 2>&1 &&
-   cmake --build "$mpich" -j"$(nproc)" > "$mpich-build.log" 2>&1; then
+if built "$mpich"; then
   for part in "main:-LE fault -j2 --timeout 600" "fault:-L fault -j2"; do
     log=$mpich/ctest-${part%%:*}.log
     part=${part#*:}
@@ -70,10 +107,7 @@ else
 fi
 
 stage "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
-asan=$root/build-asan
-if cmake -S "$root" -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DMPIML_SANITIZE=ON -DMPIML_WITH_TORCH=OFF -DMPIML_WITH_PYTHON=OFF \
-     -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF > "$asan-configure.log" 2>&1 &&
-   cmake --build "$asan" -j"$(nproc)" --target test_core test_stats test_errors test_profile test_checkpoint test_shm profile_env_child check_profile > "$asan-build.log" 2>&1; then
+if built "$asan"; then
   # Full stacks (the MPI libraries have no frame pointers) and loaded MCA
   # components, so that the suppressions can tell the MPI runtime's
   # allocations from mpiml's.
@@ -89,14 +123,7 @@ else
 fi
 
 stage "watchdog, profiler, GradAverager's overlap and the torch.distributed backend (its pytest cases) under ThreadSanitizer"
-tsan=$root/build-tsan
-# LibTorch and Python are not instrumented (ignored as Open MPI is); mpiml,
-# mpiml::torch and the extensions are (python/tests/tsan.cmake); the pytest
-# cases import the package installed from this build, so all that is installed is built.
-if cmake -S "$root" -B "$tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMPIML_SANITIZE_THREAD=ON -DMPIML_WITH_TORCH=ON \
-     -DMPIML_WITH_PYTHON=ON -DMPIML_BUILD_APPS=OFF -DMPIML_BUILD_BENCH=OFF > "$tsan-configure.log" 2>&1 &&
-   cmake --build "$tsan" -j"$(nproc)" --target test_watchdog test_profile test_torch_overlap test_worker_queue \
-     _core _c10d _torch mpiml-run mpiml-report > "$tsan-build.log" 2>&1; then
+if built "$tsan"; then
   # Open MPI is not built with TSan: its modules are ignored, its own locking suppressed.
   log=$tsan/ctest.log
   OMPI_MCA_btl=self,vader OMPI_MCA_mca_base_component_disable_dlclose=1 \
