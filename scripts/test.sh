@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds mpiml and passes all its tests:
 # unit and multi-rank tests, the fault-injection suite, an installed-package
-# consumer, the tests again against MPICH, the unit tests under
-# AddressSanitizer + UBSan, the threaded parts (watchdog, profiler, overlap,
-# the torch.distributed backend's tests) under ThreadSanitizer, the tests
-# across network-namespace hosts and under Slurm, and PPO's learning check.
+# consumer, the tests again against MPICH, the tests across network-namespace
+# hosts and under Slurm, the unit tests under AddressSanitizer + UBSan, the
+# threaded parts (watchdog, profiler, overlap, the torch.distributed
+# backend's tests) under ThreadSanitizer, and PPO's learning check.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 1
@@ -57,7 +57,7 @@ build_tsan() {
     cmake --build "$tsan" -j"$(nproc)" --target test_watchdog test_profile test_torch_overlap test_worker_queue \
       _core _c10d _torch mpiml-run mpiml-report > "$tsan-build.log" 2>&1
 }
-# They run one after the other while the main build's tests run, in the idle
+# They run one after the other while the other stages run, in the idle
 # scheduling class (chrt --idle): on the CPU time the tests leave, at some
 # cost to the tests' speed (caches, memory), none to their priority. Each
 # writes its status to <dir>.status; a stage waits for its build.
@@ -106,6 +106,24 @@ else
   echo "MPICH build FAILED"; tail -30 "$mpich-configure.log" "$mpich-build.log"; failed=$((failed + 1))
 fi
 
+# A test script's "<what>: P passed, F failed" line; skipped (no root or no ip
+# netns) counts as neither passed nor failed, and says so.
+run_script() {  # what log script args...
+  local what=$1 log=$2 line
+  shift 2
+  "$@" 2>&1 | tee "$log"
+  line=$(grep -E "^$what: [0-9]+ passed, [0-9]+ failed" "$log" | tail -1)
+  if [ -n "$line" ]; then
+    passed=$((passed + $(awk '{print $3}' <<<"$line"))); failed=$((failed + $(awk '{print $5}' <<<"$line")))
+  elif ! grep -q "$what: SKIPPED" "$log"; then
+    failed=$((failed + 1))
+  fi
+}
+stage "many hosts: 2 and 3 network-namespace hosts over TCP (scripts/cluster_tests.sh, docs/CLUSTER.md)"
+run_script "cluster tests" "$root/build/cluster-tests.log" "$root/scripts/cluster_tests.sh" "$root/build"
+stage "Slurm on the namespace hosts: srun, sbatch, faults, requeue (scripts/slurm_tests.sh, docs/CLUSTER.md)"
+run_script "slurm tests" "$root/build/slurm-tests.log" "$root/scripts/slurm_tests.sh" "$root/build"
+
 stage "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 if built "$asan"; then
   # Full stacks (the MPI libraries have no frame pointers) and loaded MCA
@@ -133,24 +151,6 @@ if built "$tsan"; then
 else
   echo "ThreadSanitizer build FAILED"; tail -30 "$tsan-configure.log" "$tsan-build.log"; failed=$((failed + 1))
 fi
-
-# A test script's "<what>: P passed, F failed" line; skipped (no root or no ip
-# netns) counts as neither passed nor failed, and says so.
-run_script() {  # what log script args...
-  local what=$1 log=$2 line
-  shift 2
-  "$@" 2>&1 | tee "$log"
-  line=$(grep -E "^$what: [0-9]+ passed, [0-9]+ failed" "$log" | tail -1)
-  if [ -n "$line" ]; then
-    passed=$((passed + $(awk '{print $3}' <<<"$line"))); failed=$((failed + $(awk '{print $5}' <<<"$line")))
-  elif ! grep -q "$what: SKIPPED" "$log"; then
-    failed=$((failed + 1))
-  fi
-}
-stage "many hosts: 2 and 3 network-namespace hosts over TCP (scripts/cluster_tests.sh, docs/CLUSTER.md)"
-run_script "cluster tests" "$root/build/cluster-tests.log" "$root/scripts/cluster_tests.sh" "$root/build"
-stage "Slurm on the namespace hosts: srun, sbatch, faults, requeue (scripts/slurm_tests.sh, docs/CLUSTER.md)"
-run_script "slurm tests" "$root/build/slurm-tests.log" "$root/scripts/slurm_tests.sh" "$root/build"
 
 if [ "${MPIML_LEARNING_CHECK:-1}" = 1 ] && [ -x "$root/scripts/check_learning.sh" ]; then
   stage "PPO learning check"
