@@ -137,11 +137,16 @@ if [ -x "$fc" ]; then
   # ... before their first collective: mpiml started MPI (the guard is set up
   # in MPI_Init), or the program did, one rank a host (the door at exit).
   fault_case rank_exits_before_first_on_h2 10 "rank 3/4: exited with status 3 \\(host h2\\) while (rank [0-2] waits|ranks [0-2, ]+ wait) in allreduce #1" exit_before 3
-  # ... before it starts MPI (status 0: mpirun does not end the job): rank 2,
-  # on the same host, sees it gone; alone on its host, only the watchdog
-  # (MPIML_TIMEOUT, at least 10 s in MPI_Init) ends the others' wait.
-  fault_case rank_exits_before_mpi_on_h2 15 "rank \\?: (rank 3 \\(pid [0-9]+\\)|local rank 1 of 2) on this host ended before it started MPI" exit_before_mpi 3
-  fault_hosts="--host h1:1,h2:1" fault_np=2 fault_case rank_exits_before_mpi_alone_on_h2 30 "watchdog: MPI_Init_thread waited [0-9.]+ s, past the timeout of 10 s \\(rank 0 of the launcher\\)" exit_before_mpi 1
+  # ... before it starts MPI (status 0: mpirun does not end the job): the
+  # rank starts MPI on its way out and ends the job at the door after
+  # MPI_Init, with a host of its own too and without MPIML_TIMEOUT. Ended
+  # with _exit (no exit handler): rank 2, on the same host, sees it gone;
+  # alone on its host, only the watchdog (MPIML_TIMEOUT, at least 10 s in
+  # MPI_Init) ends the others' wait.
+  fault_case rank_exits_before_mpi_on_h2 10 "rank 3/4: exited with status 0 \\(host h2\\) before it started MPI, while ranks 0, 1, 2 start MPI - aborting the job" exit_before_mpi 3
+  MPIML_TIMEOUT=0 fault_hosts="--host h1:1,h2:1" fault_np=2 fault_case rank_exits_before_mpi_alone_on_h2 10 "rank 1/2: exited with status 0 \\(host h2\\) before it started MPI, while rank 0 starts MPI - aborting the job" exit_before_mpi 1
+  fault_case rank_os_exits_before_mpi_on_h2 15 "rank \\?: (rank 3 \\(pid [0-9]+\\)|local rank 1 of 2) on this host ended before it started MPI" os_exit_before_mpi 3
+  fault_hosts="--host h1:1,h2:1" fault_np=2 fault_case rank_os_exits_before_mpi_alone_on_h2 30 "watchdog: MPI_Init_thread waited [0-9.]+ s, past the timeout of 10 s \\(rank 0 of the launcher\\)" os_exit_before_mpi 1
   FAULT_OWN_INIT=1 fault_hosts="--host h1:1,h2:1" fault_np=2 fault_case rank_returns_before_first_owninit_on_h2 10 "rank 1/2: finalized MPI \\(host h2\\) while rank 0 waits in allreduce #1" return_before 1
   # h2 cut off mid-run under mpiml-run --min-ranks 2: the job restarts on h1 alone.
   name=restart_without_h2
@@ -213,7 +218,7 @@ fi
 # MPICH: the same hosts through Hydra's rsh launcher and the same agent, with
 # the MPICH build of the tests (scripts/test.sh builds it before this stage).
 mpich_build=${MPICH_BUILD:-$root/build-mpich}
-if ! picked "mpich.test_core mpich.test_shm mpich.cluster_hash mpich.rank_exits"; then
+if ! picked "mpich.test_core mpich.test_shm mpich.cluster_hash mpich.rank_exits mpich.rank_exits_before_mpi"; then
   :
 elif [ -x "$mpich_build/tests/test_core" ] && command -v mpiexec.mpich > /dev/null; then
   echo "-- MPICH (Hydra) across hosts: $mpich_build"
@@ -236,18 +241,24 @@ elif [ -x "$mpich_build/tests/test_core" ] && command -v mpiexec.mpich > /dev/nu
     result "$name" $rc "($(secs "$t0") s)"
   done
   # The exit guard under Hydra: a rank that exits while the others wait for it,
-  # with 2 ranks a host and with 1 (the remote read).
+  # with 2 ranks a host and with 1 (the remote read); alone on its host, a
+  # rank that exits before it starts MPI (Hydra ends no such job itself).
   if [ -x "$mpich_build/tests/fault_child" ]; then
-    for spec in "h1:2,h2:2 4 3" "h1:1,h2:1 2 1"; do
-      read -r hl np faulty <<<"$spec"
-      name=mpich.rank_exits.${hl//[:,]/_}
+    for spec in "rank_exits h1:2,h2:2 4 3 exit" "rank_exits h1:1,h2:1 2 1 exit" \
+                "rank_exits_before_mpi h1:1,h2:1 2 1 exit3_before_mpi"; do
+      read -r what hl np faulty mode <<<"$spec"
+      name=mpich.$what.${hl//[:,]/_}
+      if [ "$mode" = exit ]; then
+        re="rank $faulty/$np: exited with status 3 \(host h2\) while (rank [0-9]+ waits|ranks [0-9, ]+ wait) in allreduce #2"
+      else
+        re="rank $faulty/$np: exited with status 3 \(host h2\) before it started MPI, while rank 0 starts MPI - aborting the job"
+      fi
       t0=$(date +%s.%N)
-      MPIML_CLUSTER_MPI=mpich timeout 60 "$cl" run -n "$np" -hosts "$hl" "$mpich_build/tests/fault_child" exit "$faulty" \
-        > "$log/$name.log" 2>&1
+      MPIML_TIMEOUT=0 MPIML_CLUSTER_MPI=mpich timeout 60 "$cl" run -n "$np" -hosts "$hl" "$mpich_build/tests/fault_child" \
+        "$mode" "$faulty" > "$log/$name.log" 2>&1
       rc=$?
       # passes when the job ended non-zero (not by the timeout) with the guard's line
-      if [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
-        grep -Eq "rank $faulty/$np: exited with status 3 \(host h2\) while (rank [0-9]+ waits|ranks [0-9, ]+ wait) in allreduce #2" "$log/$name.log"; then
+      if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -Eq "$re" "$log/$name.log"; then
         rc=0
       else
         rc=1

@@ -231,10 +231,13 @@ fault_case() {
 # gone and the step is ended.
 fault_case rank_killed_on_h2 13 "^srun: error: h2: task 3: Killed" sigkill 3
 fault_case rank_exits_on_h2 10 "rank 3/4: exited with status 3 \\(host h2\\) while (rank [0-2] waits|ranks [0-2, ]+ wait) in allreduce #2" exit 3
-# ... before it starts MPI (status 0): rank 2, on the same host, sees it gone
-# and ends; srun (without -K) leaves h1's ranks to the watchdog in MPI_Init
-# (MPIML_TIMEOUT, at least 10 s).
-fault_case rank_exits_before_mpi_on_h2 30 "rank \\?: rank 3( \\(pid [0-9]+\\))? on this host ended before it started MPI" exit_before_mpi 3
+# ... before it starts MPI (status 0; srun without -K): the rank starts MPI
+# on its way out and ends the step at the door after MPI_Init. Ended with
+# _exit (no exit handler): rank 2, on the same host, sees it gone and ends;
+# srun leaves h1's ranks to the watchdog in MPI_Init (MPIML_TIMEOUT, at
+# least 10 s).
+fault_case rank_exits_before_mpi_on_h2 10 "rank 3/4: exited with status 0 \\(host h2\\) before it started MPI, while ranks 0, 1, 2 start MPI - aborting the job" exit_before_mpi 3
+fault_case rank_os_exits_before_mpi_on_h2 30 "rank \\?: rank 3( \\(pid [0-9]+\\))? on this host ended before it started MPI" os_exit_before_mpi 3
 # ranks 0-2 on both hosts time out together: one report, complete, then the job ends
 REPORT_RANKS=4 fault_case rank_stalled_on_h2 13 "rank 3/4 +host h2 +pid [0-9]+: not in a collective" stall 3
 # h2 lost (its slurmd killed, its link cut): h1's ranks wait in a collective

@@ -149,17 +149,22 @@ int main(int argc, char** argv) {
         return 0;
     }
     // Ends (status 0, or 3) before it starts MPI while the others start it
-    // 2 s later: they wait in MPI_Init. sleep_before_mpi: starts MPI 15 s
-    // after the others. clobbered_env_before_mpi: writes over its
+    // 2 s later (exit_others_late_before_mpi: 5 s): they wait in MPI_Init.
+    // os_exit_before_mpi: ends with _exit(0) (no exit handlers).
+    // all_exit_before_mpi: every rank ends so. sleep_before_mpi: starts MPI
+    // 15 s after the others. clobbered_env_before_mpi: writes over its
     // environment's strings (as setproctitle does; getenv reads copies) and
     // starts MPI 5 s after the others: not an end, the job completes.
     if (mode.ends_with("_before_mpi")) {
         const char* r = nullptr;
         for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"})
             if ((r = std::getenv(v))) break;
+        if (mode == "all_exit_before_mpi") return 0;
         if (r && std::atoi(r) == faulty) {
             fault_mark();
-            if (mode == "exit_before_mpi" || mode == "exit3_before_mpi") return mode == "exit_before_mpi" ? 0 : 3;
+            if (mode == "exit_before_mpi" || mode == "exit_others_late_before_mpi") return 0;
+            if (mode == "exit3_before_mpi") return 3;
+            if (mode == "os_exit_before_mpi") ::_exit(0);
             if (mode == "clobbered_env_before_mpi") {
                 static std::vector<char*> copy;
                 for (char** e = environ; *e; ++e) {
@@ -171,7 +176,7 @@ int main(int argc, char** argv) {
             }
             ::sleep(mode == "sleep_before_mpi" ? 15 : 5);
         } else {
-            ::sleep(2);
+            ::sleep(mode == "exit_others_late_before_mpi" ? 5 : 2);
         }
     }
     if (use_run)

@@ -21,4 +21,17 @@ void install_failure_handlers();
 /// clear message instead of leaving the other ranks hanging.
 int run(int argc, char** argv, const std::function<int(int, char**)>& fn);
 
+namespace detail {
+/// Registers the exit handler of a rank that ends before it started MPI
+/// (failure.cpp), again from each program and module that includes this
+/// header (hidden: a copy each) as it starts. Exit handlers run
+/// last-registered first: the program's (or a module's loaded later) runs
+/// before the shared libraries' destructors, MPI's among them; the one
+/// libmpiml registers as it loads, before the program starts, after them.
+int watch_exit_before_mpi() noexcept;
+#ifndef MPIML_NO_EXIT_WATCH  // a test of single sources, without libmpiml
+inline const int exit_watch_registered __attribute__((visibility("hidden"))) = watch_exit_before_mpi();
+#endif
+}  // namespace detail
+
 }  // namespace mpiml

@@ -1,6 +1,8 @@
 // MPI lifetime: lazy initialization, RAII session, proc_id / num_procs.
 #pragma once
 
+#include <mpiml/failure.hpp>  // every user of mpiml registers its exit handler
+
 #include <mpi.h>
 
 #include <optional>

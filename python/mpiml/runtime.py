@@ -15,6 +15,7 @@ KeyboardInterrupt counts as an exception: Ctrl-C ends every rank.
 import atexit
 import functools
 import inspect
+import os
 import sys
 import threading
 
@@ -315,6 +316,11 @@ if _profile_requested() and not _pyprofile.running():
 # still meets the others at the exit guard's door (atexit handlers run
 # before mpi4py finalizes MPI).
 atexit.register(_core._exit_guard_unstarted)
+# A rank's children (multiprocessing's spawn, a subprocess given a copy of
+# os.environ) must see that they are not the process the launcher started:
+# only that one starts MPI on its way out when it ends before starting it.
+if _core._rank_process_mark() is not None:
+    os.environ["MPIML_RANK_PROCESS"] = _core._rank_process_mark()
 # Reports show Python stacks until the interpreter starts to go away (atexit
 # handlers run first at interpreter exit; MPI ends after the interpreter).
 atexit.register(_core._forget_python_stacks)

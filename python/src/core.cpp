@@ -14,6 +14,7 @@
 #include <chrono>
 #include <complex>
 #include <condition_variable>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -457,6 +458,12 @@ PYBIND11_MODULE(_core, m) {
     detail::set_python_stacks(dump_python_stacks);
     // (at interpreter exit, before its threads' states go: mpiml.runtime)
     m.def("_forget_python_stacks", [] { detail::set_python_stacks(nullptr); });
+    // The mark of a launched rank's process (failure.cpp), set in the C
+    // environment as mpiml loaded: for os.environ too (mpiml.runtime).
+    m.def("_rank_process_mark", []() -> py::object {
+        const char* v = std::getenv("MPIML_RANK_PROCESS");
+        return v ? py::object(py::str(v)) : py::object(py::none());
+    });
     // What a report shows of this interpreter (tests): with the GIL released,
     // as the report agent finds it, or held (the dumper then waits a second).
     m.def("_python_stacks", [](bool release_gil) {

@@ -436,18 +436,80 @@ BEFORE_INIT = """
     """
 
 
-@pytest.mark.parametrize("end", ["sys.exit(0)", "os._exit(0)"])
-def test_a_rank_that_ends_before_mpi_starts_ends_the_job(tmp_path, end):
+def test_a_rank_that_ends_before_mpi_starts_ends_the_job(tmp_path):
     """MPI_Init itself waits for every rank, and the launchers do not end a
-    job whose rank ended with status 0: the rank of the same host that waits
+    job whose rank ended with status 0: the rank starts MPI on its way out
+    and ends the job, naming itself, without a timeout."""
+    if "--oversubscribe" not in mpirun(1):
+        pytest.skip("the script reads Open MPI's rank variable")
+    script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late="sys.exit(0)"))
+    out = run_failing(mpirun(2, PY, script), 15)
+    assert re.search(r"\[mpiml\] rank 1/2: exited with status 0 \(host [^)]+\) before it started MPI, while "
+                     r"rank 0 starts MPI - aborting the job", out), out
+
+
+def test_a_rank_that_ends_before_mpi_starts_without_exit_handlers_ends_the_job(tmp_path):
+    """os._exit runs no exit handler: the rank of the same host that waits
     sees it gone and ends the job, naming it, without a timeout."""
     if "--oversubscribe" not in mpirun(1):
         pytest.skip("the script reads Open MPI's rank variable")
-    script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late=end))
+    script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late="os._exit(0)"))
     out = run_failing(mpirun(2, PY, script), 15)
     assert re.search(r"\[mpiml\] rank \?: (rank 1 \(pid \d+\)|local rank 1 of 2) on this host ended before "
                      r"it started MPI, and MPI_Init_thread \(rank 0 of the launcher\) would wait for it "
                      r"forever - aborting the job", out), out
+
+
+NONE_STARTED = """
+    import sys
+    import mpiml.mpi_tools as mt
+    sys.exit(0)  # no rank starts MPI
+    """
+
+
+def test_ranks_that_all_end_before_mpi_starts_end_as_usual(tmp_path):
+    """Every rank ends before it started MPI: each starts it on its way out,
+    finds the others ending too, and the job ends with status 0, silent."""
+    script = write(tmp_path, "none_started.py", NONE_STARTED)
+    p = subprocess.run(mpirun(3, PY, script), capture_output=True, text=True, timeout=60, env=clean_env())
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "[mpiml]" not in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+CHILDREN = """
+    import multiprocessing, os, subprocess, sys, time
+    import numpy as np
+    import mpiml.mpi_tools as mt
+
+    def work():
+        pass  # a spawned child imports this script, so mpiml, and ends
+
+    if __name__ == "__main__":
+        t0 = time.monotonic()
+        p = multiprocessing.get_context("spawn").Process(target=work)
+        p.start()
+        p.join()
+        q = subprocess.run([sys.executable, "-c", "import mpiml"], env=dict(os.environ))
+        took = time.monotonic() - t0
+        assert p.exitcode == 0 and q.returncode == 0, (p.exitcode, q.returncode)
+        assert took < 10, took  # a child does not start MPI as the rank on its way out
+        total = int(mt.mpi_sum(np.ones(1))[0])
+        if mt.proc_id() == 0:
+            print("total", total)
+    """
+
+
+def test_a_ranks_children_that_end_are_not_ranks_that_end_before_mpi(tmp_path):
+    """Processes a rank starts (multiprocessing's spawn, a subprocess with a
+    copy of os.environ) inherit the launcher's variables; ending before MPI
+    started, they are not taken for the rank: they end at once, and the job
+    completes."""
+    script = write(tmp_path, "children.py", CHILDREN)
+    p = subprocess.run(mpirun(2, PY, script), capture_output=True, text=True, timeout=120,
+                       env=clean_env(MPIML_STALL_WARNING="30"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "total 2" in p.stdout, p.stdout + p.stderr
+    assert "[mpiml]" not in p.stderr, p.stderr
 
 
 ORPHAN = """

@@ -94,6 +94,12 @@ const char* launcher_rank(bool with_slurm) {
     return slurm && *slurm ? slurm : nullptr;
 }
 
+int launcher_size() {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"})
+        if (const char* v = std::getenv(name); v && *v) return std::atoi(v);
+    return 0;
+}
+
 std::optional<bool> env_c10d_check() { return env_config().c10d_check; }
 bool env_profile_requested() { return !env_config().profile_dir.empty(); }
 

@@ -53,6 +53,9 @@ bool launched_by_mpi_fork();
 /// variable; with_slurm: else SLURM_PROCID, which a batch script has too),
 /// or nullptr. Only getenv: usable before MPI starts, in constructors and at exit.
 const char* launcher_rank(bool with_slurm = true);
+/// The number of ranks the launcher started (Open MPI's, Hydra's or srun's
+/// variable), or 0 when none says. Only getenv, as launcher_rank.
+int launcher_size();
 
 /// Reads every variable; throws mpiml::Error naming the first malformed one.
 EnvConfig read_env_config();

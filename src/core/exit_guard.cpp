@@ -66,9 +66,13 @@ std::atomic<int> under_way{0};
 std::atomic<std::uint64_t> last_entered{0};
 std::atomic<bool> finalizing{false};
 
+constexpr std::uint64_t seq_mask = (std::uint64_t{1} << seq_bits) - 1;
+
+// "allreduce #3"; number 0 is the door right after mpiml's MPI_Init.
 std::string collective_text(std::uint64_t last) {
     const auto kind = static_cast<Kind>(last >> seq_bits);
-    const std::uint64_t seq = last & ((std::uint64_t{1} << seq_bits) - 1);
+    const std::uint64_t seq = last & seq_mask;
+    if (seq == 0) return "the start of MPI";
     return std::string(kind_name(kind)) + " #" + std::to_string(seq);
 }
 
@@ -80,8 +84,13 @@ std::string ended_text(int status) {
            " (host " + host + ")";
 }
 
+// What a rank at the door does: waits in its first collective, or starts MPI.
+std::string doing_text(std::uint64_t last, bool plural) {
+    if ((last & seq_mask) == 0) return plural ? " start MPI" : " starts MPI";
+    return (plural ? " wait in " : " waits in ") + collective_text(last);
+}
+
 std::string waiting_text(const std::vector<std::pair<int, std::uint64_t>>& stuck) {
-    const auto what = collective_text;
     bool same = true;
     for (const auto& s : stuck) same = same && s.second == stuck.front().second;
     std::string text;
@@ -89,11 +98,10 @@ std::string waiting_text(const std::vector<std::pair<int, std::uint64_t>>& stuck
         text = stuck.size() == 1 ? "rank " : "ranks ";
         for (std::size_t i = 0; i < stuck.size(); ++i)
             text += (i ? ", " : "") + std::to_string(stuck[i].first);
-        return text + (stuck.size() == 1 ? " waits in " : " wait in ") + what(stuck.front().second);
+        return text + doing_text(stuck.front().second, stuck.size() > 1);
     }
     for (std::size_t i = 0; i < stuck.size(); ++i)
-        text += (i ? ", rank " : "rank ") + std::to_string(stuck[i].first) + " waits in " +
-                what(stuck[i].second);
+        text += (i ? ", rank " : "rank ") + std::to_string(stuck[i].first) + doing_text(stuck[i].second, false);
     return text;
 }
 
@@ -199,18 +207,20 @@ void door_on_entry(Kind kind, std::uint64_t seq) {
     // does, one line for the job; the others only if that end never comes.
     const timespec grace{first_entering == state().world_rank ? 2 : 10, 0};
     ::nanosleep(&grace, nullptr);
-    abort_job(collective_text(mine[1]) + " cannot complete: " + ended + " before its first collective",
+    abort_job(collective_text(mine[1]) + " cannot complete: " + ended +
+                  (seq == 0 ? " before it started MPI" : " before its first collective"),
               1);
 }
 
-// At exit, before any collective spanning every rank: meets the others'
+// At exit, before any collective spanning every rank (before_mpi: before
+// this rank would have started MPI at all): meets the others'
 // door. Every rank ending: nothing to guard. A rank entering its first
 // collective: it would wait for this one forever; the job ends. Nobody else
 // at the door within a few seconds (still busy, or not using mpiml): MPI_Finalize
 // as before; the request stays posted, and MPI progresses it while this
 // rank finalizes, so a rank that comes to the door later learns that this
 // one ended.
-void door_at_exit() {
+void door_at_exit(bool before_mpi) {
     const int n = state().world_size;
     if (n <= 1) return;
     const int status = guard().status.load(std::memory_order_relaxed);
@@ -246,13 +256,20 @@ void door_at_exit() {
     // One line and one MPI_Abort for the job: the first rank that ended;
     // the others finalize, and that abort ends them.
     if (first_ended == state().world_rank)
-        abort_job(ended_text(status) + " while " + waiting_text(entering), status > 0 ? status : 1);
+        abort_job(ended_text(status) + (before_mpi ? " before it started MPI, while " : " while ") +
+                      waiting_text(entering),
+                  status > 0 ? status : 1);
 }
 
 }  // namespace
 
 void world_setup_at_init() {
-    std::call_once(world_once, setup_all);
+    // The door first: a rank that ended before it started MPI may have
+    // started it on its way out only to say so (exit_guard_before_mpi).
+    std::call_once(world_once, [] {
+        if (state().world_size > 1) door_on_entry(Kind::other, 0);
+        setup_all();
+    });
     state().world_set_up.store(true, std::memory_order_release);
 }
 
@@ -302,7 +319,7 @@ void exit_guard_run() {
     bool at_door = false;  // no set-up yet: the door instead
     std::call_once(world_once, [&at_door] {
         at_door = true;
-        door_at_exit();
+        door_at_exit(false);
     });
     state().world_set_up.store(true, std::memory_order_release);
     if (at_door) return;
@@ -367,6 +384,11 @@ void exit_guard_run() {
     }
     if (g.node_win != MPI_WIN_NULL) MPI_Win_free(&g.node_win);
     if (g.node != MPI_COMM_NULL) MPI_Comm_free(&g.node);
+}
+
+void exit_guard_before_mpi() {
+    std::call_once(world_once, [] { door_at_exit(true); });
+    state().world_set_up.store(true, std::memory_order_release);
 }
 
 void exit_guard_unstarted() {

@@ -44,5 +44,9 @@ void exit_guard_run();
 /// never started (no mpiml call, so no hook in MPI_Finalize): the door of
 /// exit_guard_run, for ranks that wait in their first collective.
 void exit_guard_unstarted();
+/// In a rank that ended before it started MPI and then started it on its way
+/// out: the door, where the ranks that start MPI learn that it ended (the
+/// job ends, naming it) or every rank ended the same way (nothing to guard).
+void exit_guard_before_mpi();
 
 }  // namespace mpiml::detail

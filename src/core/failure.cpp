@@ -17,6 +17,7 @@
 #include <ctime>
 #include <exception>
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <typeinfo>
@@ -146,25 +147,74 @@ void on_signal(int sig) {
 
 constexpr int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 
-// A rank that ends with a non-zero status before it started MPI says so:
-// Open MPI's mpirun ends the job but does not always name the rank, and
-// MPICH's Hydra leaves the ranks that start MPI waiting in MPI_Init.
+// Whether this process is the one the launcher started, not a process a rank
+// started (multiprocessing's spawn, a subprocess), which inherits the
+// launcher's variables: the first process of a rank to load mpiml marks them
+// in MPIML_RANK_PROCESS, for its children. A job launched from a rank
+// (mpi_fork, mpiml-run) has new values, so its ranks are not mistaken.
+bool rank_process = false;
+pid_t loaded_in = 0;  // a child forked from the rank: another pid
+constexpr const char* rank_mark_var = "MPIML_RANK_PROCESS";
+std::string launch_identity() {
+    std::string id;
+    for (const char* name : {"OMPI_COMM_WORLD_RANK", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "PMIX_RANK",
+                             "PMI_RANK", "PMI_FD", "PMI_PORT", "PMI_ID", "SLURM_JOB_ID", "SLURM_STEP_ID",
+                             "SLURM_PROCID"}) {
+        const char* v = std::getenv(name);
+        id += v ? v : "";
+        id += ';';
+    }
+    return id;
+}
+
+// The shared libraries' destructors have run (MPI's among them): MPI cannot
+// start any more.
+std::atomic<bool> unloading{false};
+std::atomic<bool> exit_handled{false};
+
+// A rank that ends before it started MPI: with a non-zero status it says so
+// (Open MPI's mpirun ends the job but does not always name the rank). Then
+// it joins the ranks that start MPI (join_mpi_at_exit), unless Open MPI's
+// mpirun ends the job anyway (a non-zero status). Once, however often the
+// handler was registered.
 void exit_before_mpi(int status, void*) {
     int started = 0;
-    if (status == 0 || MPI_Initialized(&started) != MPI_SUCCESS || started) return;
+    if (!rank_process || ::getpid() != loaded_in || MPI_Initialized(&started) != MPI_SUCCESS || started)
+        return;
     const char* rank = detail::launcher_rank(/*with_slurm=*/false);
-    if (!rank) return;  // not started by an MPI launcher
-    char line[200];
-    const int n = std::snprintf(line, sizeof line,
-                                "[mpiml] rank %.16s (pid %d): exited with status %d before it started MPI\n",
-                                rank, static_cast<int>(::getpid()), status);
-    if (n > 0) write_all(line, std::min(static_cast<std::size_t>(n), sizeof line - 1));
+    if (!rank || exit_handled.exchange(true)) return;
+    if (status != 0) {
+        char line[200];
+        const int n = std::snprintf(line, sizeof line,
+                                    "[mpiml] rank %.16s (pid %d): exited with status %d before it started MPI\n",
+                                    rank, static_cast<int>(::getpid()), status);
+        if (n > 0) write_all(line, std::min(static_cast<std::size_t>(n), sizeof line - 1));
+    }
+    const bool mpirun_ends_it = status != 0 && std::getenv("OMPI_COMM_WORLD_RANK");
+    if (detail::launcher_size() != 1 && !mpirun_ends_it && !unloading.load()) detail::join_mpi_at_exit(status);
 }
-__attribute__((constructor)) void watch_exit_before_mpi() { ::on_exit(exit_before_mpi, nullptr); }
+__attribute__((constructor)) void watch_at_load() {
+    loaded_in = ::getpid();
+    if (detail::launcher_rank(/*with_slurm=*/false)) {
+        const std::string id = launch_identity();
+        const char* mark = std::getenv(rank_mark_var);
+        rank_process = !mark || id != mark;
+        if (rank_process) ::setenv(rank_mark_var, id.c_str(), 1);
+    }
+    detail::watch_exit_before_mpi();
+}
+__attribute__((destructor)) void mark_unloading() { unloading.store(true); }
 
 }  // namespace
 
 namespace detail {
+int watch_exit_before_mpi() noexcept {
+    // A few registrations at most: the library's, the program's, a module's.
+    static std::atomic<int> registered{0};
+    if (registered.fetch_add(1) < 8) ::on_exit(exit_before_mpi, nullptr);
+    return 0;
+}
+
 std::string current_exception_text() {
     std::string type = "unknown type";
     if (const std::type_info* t = abi::__cxa_current_exception_type()) {

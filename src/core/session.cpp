@@ -12,6 +12,7 @@
 #include <mpiml/session.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -193,6 +194,55 @@ private:
     bool done_ = false;
     std::thread thread_;  // last: starts once the rest is built
 };
+
+}  // namespace
+
+// A rank that ends before it started MPI leaves the ranks that start it in
+// MPI_Init, which waits for every rank; only some launchers end such a job,
+// and only a rank of the same host sees the end (InitWait). So the rank
+// starts MPI on its way out, at most `stall` seconds, and meets the others
+// at the door that follows MPI_Init (exit_guard_before_mpi): the job ends at
+// once, naming it, unless every rank ends this way.
+void join_mpi_at_exit(int status) {
+    const double stall = stall_before_init();
+    const double wait = stall > 0 ? stall : 60;
+    static std::atomic<bool> joined{false};
+    try {
+        std::thread([wait, status, rank = launcher_rank()] {
+            const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait);
+            while (!joined.load() && std::chrono::steady_clock::now() < until) {
+                const timespec nap{0, 100'000'000};
+                ::nanosleep(&nap, nullptr);
+            }
+            if (joined.load()) return;
+            char line[200];
+            const int n = std::snprintf(line, sizeof line,
+                                        "[mpiml] rank %.16s (pid %d): ended before it started MPI, and the "
+                                        "other ranks did not start it within %.0f s - ending without them\n",
+                                        rank ? rank : "?", static_cast<int>(::getpid()), wait);
+            if (n > 0) [[maybe_unused]] const ssize_t k = ::write(2, line, std::min<std::size_t>(n, sizeof line - 1));
+            // The launcher ends the job now (this rank began to start MPI);
+            // not a success, whatever the rank's own status (Hydra's would be).
+            ::_exit(status != 0 ? status : 1);
+        }).detach();
+    } catch (const std::system_error&) {
+        return;  // no thread, no bound on the wait: end as before
+    }
+    prefer_tcp_send();
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) return;
+    joined.store(true);
+    auto& s = state();
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &s.world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &s.world_size);
+    if (const char* record = std::getenv("MPIML_ABORT_RECORD"); record && *record) set_abort_record(record);
+    set_exit_status(status);
+    exit_guard_before_mpi();
+    MPI_Finalize();
+}
+
+namespace {
 
 // Registered after atexit_finalize, so it runs first and the guard knows the status.
 void record_exit_status(int status, void*) { set_exit_status(status); }

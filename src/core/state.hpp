@@ -47,6 +47,10 @@ extern std::atomic<bool> injecting_flag;
 inline bool injecting() { return injecting_flag.load(std::memory_order_relaxed); }
 void inject_on_collective();
 
+/// At the exit of a launched rank that never started MPI: starts it, meets
+/// the ranks that start it and ends the job when they do (session.cpp).
+void join_mpi_at_exit(int status);
+
 /// Cleanup run before MPI_Finalize (attribute delete callback on MPI_COMM_SELF).
 void register_finalize_hook(void (*fn)());
 
