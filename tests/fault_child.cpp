@@ -58,12 +58,23 @@ int body(const std::string& mode, int faulty) {
         mpiml::allreduce(v, mpiml::Op::sum);
     }
     // The faulty rank passes 999 floats, the others 1000, and nobody catches:
-    // on the shared-memory path (the default on one node) every rank throws;
-    // with the path off, MPI reports the truncation.
+    // on the shared-memory path (the default on one node) every rank throws
+    // before the call; with the path off, after it (MPIML_CHECK off).
     if (mode == "shm_count" || mode == "shm_count_off") {
         if (mode == "shm_count_off") mpiml::shm::set_mode(mpiml::shm::Mode::off);
         std::vector<float> v(me ? 999 : 1000, 1.0f);
         mpiml::allreduce(v, mpiml::Op::sum);
+    }
+    // On MPI's path without the check: a broadcast whose faulty rank passes
+    // more (as a receiver MPI would give it a partial result), an allgather.
+    if (mode == "bcast_count_off") {
+        mpiml::shm::set_mode(mpiml::shm::Mode::off);
+        std::vector<int> v(me ? 1200 : 1000, rank);
+        mpiml::broadcast(v, 0);
+    }
+    if (mode == "allgather_count_off") {
+        std::vector<double> v(me ? 4 : 3, 1.0), all(4 * static_cast<std::size_t>(mpiml::num_procs()));
+        mpiml::detail::allgather(v.data(), all.data(), v.size(), MPI_DOUBLE, MPI_COMM_WORLD, "mpiml::allgather");
     }
     if (mode == "type") {
         if (me) mpiml::mpi_sum(1.0f);

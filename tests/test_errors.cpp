@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <csignal>
 #include <string>
 #include <vector>
@@ -13,7 +14,8 @@ int rank() { return mpiml::proc_id(); }
 int size() { return mpiml::num_procs(); }
 std::string tag() { return "rank " + std::to_string(rank()) + "/" + std::to_string(size()); }
 
-// Runs f, expects mpiml::Error whose message holds every piece in `parts`.
+// Runs f, expects mpiml::Error whose message holds every piece in `parts`
+// (a piece "a|b": either).
 template <class F>
 void expect_error(F f, std::vector<std::string> parts) {
     try {
@@ -21,7 +23,14 @@ void expect_error(F f, std::vector<std::string> parts) {
         ADD_FAILURE() << "expected mpiml::Error";
     } catch (const mpiml::Error& e) {
         const std::string what = e.what();
-        for (const auto& p : parts) EXPECT_NE(what.find(p), std::string::npos) << what << " lacks " << p;
+        for (const auto& p : parts) {  // "a|b": either
+            bool found = false;
+            for (std::size_t b = 0, e; !found && b <= p.size(); b = e + 1) {
+                e = std::min(p.find('|', b), p.size());
+                found = what.find(p.substr(b, e - b)) != std::string::npos;
+            }
+            EXPECT_TRUE(found) << what << " lacks " << p;
+        }
         EXPECT_EQ(e.rank(), rank());
     }
 }
@@ -94,24 +103,107 @@ TEST(Errors, SessionOptionsAfterStartUpAreAnError) {
     EXPECT_EQ(fine.thread_level(), provided);
 }
 
-// A small broadcast of different lengths without the check is left to MPI:
-// the rank that gets a truncated message is told what it means.
-TEST(Errors, TruncatedMessageNamesTheLikelyCause) {
-    if (size() != 2) GTEST_SKIP() << "2 ranks (a tree would leave a third rank waiting)";
-    const bool was = mpiml::check_enabled();
-    mpiml::set_check(false);
-    const auto mode = mpiml::shm::config().mode;
-    mpiml::shm::set_mode(mpiml::shm::Mode::off);  // MPI's path (the shared one checks always)
-    std::vector<int> v(rank() == 0 ? 4 : 2, 5);
-    if (rank() == 0) {
-        mpiml::broadcast(v, 0);
-    } else {
-        expect_error([&] { mpiml::broadcast(v, 0); },
-                     {"mpiml::broadcast", tag(), "different counts", "MPIML_CHECK=1"});
+// Without MPIML_CHECK, calls MPI carries compare the ranks' arguments after
+// the call: every rank throws, naming what differs, where MPI gave a partial
+// result, a mixed-up sum or (on some ranks) its truncation error.
+class AfterCheck : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (size() != 2) GTEST_SKIP() << "2 ranks (a tree would leave a third rank waiting)";
+        was_ = mpiml::check_enabled();
+        mode_ = mpiml::shm::config().mode;
+        mpiml::set_check(false);
+        mpiml::shm::set_mode(mpiml::shm::Mode::off);  // MPI's path (the shared one checks always)
+        ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), MPI_SUCCESS);
     }
-    mpiml::set_check(was);
-    mpiml::shm::set_mode(mode);
-    mpiml::barrier();
+    void TearDown() override {
+        if (size() != 2) return;
+        MPI_Comm_free(&comm_);
+        EXPECT_EQ(mpiml::mpi_sum(1), size());  // the world is still in step
+        mpiml::set_check(was_);
+        mpiml::shm::set_mode(mode_);
+    }
+    // A call after a mismatch on comm_: no collective runs on it again.
+    void expect_broken() {
+        expect_error([&] { mpiml::barrier(comm_); },
+                     {"mpiml::barrier", tag(), "an earlier call on this communicator had mismatched arguments"});
+    }
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    bool was_ = false;
+    mpiml::shm::Mode mode_{};
+};
+
+const std::string kAfter = "mismatched calls on MPI's path, found after the call (its result is not valid)";
+
+TEST_F(AfterCheck, RankThatReceivesMoreIsToldTheLikelyCause) {
+    std::vector<int> v(rank() == 0 ? 4 : 2, 5);
+    expect_error([&] { mpiml::broadcast(v, 0, comm_); },
+                 {"mpiml::broadcast", tag(), kAfter, "count 2 on one rank, 4 on another",
+                  "this rank called broadcast(count=" + std::to_string(v.size()) + ", type=int, root=0)",
+                  "no collective can run on this communicator again", "MPIML_CHECK=1"});
+    expect_broken();
+}
+
+TEST_F(AfterCheck, RankThatReceivesLessGetsNoPartialResult) {
+    std::vector<int> v(rank() == 0 ? 2 : 4, rank() == 0 ? 7 : 0);
+    expect_error([&] { mpiml::broadcast(v, 0, comm_); }, {"mpiml::broadcast", tag(), kAfter, "count 2 on one rank, 4 on another"});
+    expect_broken();
+}
+
+TEST_F(AfterCheck, AllreduceCounts) {
+    for (int shorter = 0; shorter < 2; ++shorter) {
+        MPI_Comm c = MPI_COMM_NULL;
+        ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &c), MPI_SUCCESS);
+        std::vector<float> v(rank() == shorter ? 999 : 1000, 1.0f);
+        expect_error([&] { mpiml::allreduce(v, mpiml::Op::sum, c); },
+                     {"mpiml::allreduce", tag(), kAfter, "count 999 on one rank, 1000 on another"});
+        MPI_Comm_free(&c);
+    }
+}
+
+TEST_F(AfterCheck, OpsTypesAndRoots) {
+    MPI_Comm c[2] = {MPI_COMM_NULL, MPI_COMM_NULL};
+    for (auto& x : c) ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &x), MPI_SUCCESS);
+    expect_error([&] { mpiml::mpi_op(rank() + 1, rank() == 0 ? mpiml::Op::max : mpiml::Op::min, c[0]); },
+                 {kAfter, "op min on one rank, max on another"});
+    expect_error(
+        [&] {
+            if (rank() == 0) mpiml::mpi_sum(1.0f, c[1]);
+            else mpiml::mpi_sum(1, c[1]);
+        },
+        {kAfter, "type float on one rank, int on another|type int on one rank, float on another"});
+    expect_error(
+        [&] {
+            int x = 1;
+            mpiml::broadcast(x, rank(), comm_);
+        },
+        {kAfter, "root 0 on one rank, 1 on another"});
+    expect_broken();
+    for (auto& x : c) MPI_Comm_free(&x);
+}
+
+TEST_F(AfterCheck, AllgatherAndAverage) {
+    MPI_Comm c = MPI_COMM_NULL;
+    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &c), MPI_SUCCESS);
+    std::vector<double> mine(rank() == 0 ? 3 : 4, 1.0), all(8);
+    expect_error([&] { mpiml::detail::allgather(mine.data(), all.data(), mine.size(), MPI_DOUBLE, comm_, "test allgather"); },
+                 {"test allgather", kAfter, "count 3 on one rank, 4 on another"});
+    std::vector<double> g(rank() == 0 ? 5 : 6, 1.0);
+    expect_error([&] { mpiml::detail::average(g.data(), g.size(), MPI_DOUBLE, c, "test average"); },
+                 {"test average", kAfter, "count 5 on one rank, 6 on another"});
+    MPI_Comm_free(&c);
+}
+
+TEST_F(AfterCheck, MatchingCallsPass) {
+    std::vector<double> v(100, 1.0 + rank());
+    mpiml::allreduce(v, mpiml::Op::sum, comm_);
+    EXPECT_EQ(v[99], 3.0);
+    int x = rank() == 1 ? 9 : 0;
+    mpiml::broadcast(x, 1, comm_);
+    EXPECT_EQ(x, 9);
+    std::vector<int> all(2);
+    mpiml::detail::allgather(&x, all.data(), 1, MPI_INT, comm_, "test allgather");
+    EXPECT_EQ(all, (std::vector<int>{9, 9}));
 }
 
 TEST(Errors, MpiErrorsBecomeExceptions) {

@@ -93,6 +93,7 @@ private:
     std::int64_t t0_ = 0;
     std::int64_t check_ns_ = -1;
     bool marked_ = false;
+    bool checked_ = false;  // ran the agreement round
     std::uint64_t history_ = 0;
     CommUse* use_ = nullptr;
 };

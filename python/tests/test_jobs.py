@@ -1109,3 +1109,52 @@ def test_mpiml_ppo_stops_on_sigusr2_with_a_checkpoint_and_resumes(tmp_path):
     assert "resuming from" in again.stdout and "(epoch %d," % last in again.stdout, again.stdout
     rows = progress.read_text().splitlines()
     assert [int(r.split("\t")[0]) for r in rows[1:]] == list(range(last + 3)), rows
+
+
+MISMATCH = """
+    import sys
+    import numpy as np
+    import mpiml
+    import mpiml.mpi_tools as mt
+    from mpi4py import MPI
+    rank = mt.proc_id()
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        mt.mpi_sum(np.ones(999 + rank, np.float32), comm=comm)
+        print("rank %d: no error" % rank, flush=True)
+    except mpiml.ArgumentError as e:
+        print("rank %d caught: %s" % (rank, e), flush=True)
+    try:
+        mt.mpi_sum(np.ones(3), comm=comm)
+        print("rank %d: the communicator still ran a collective" % rank, flush=True)
+    except mpiml.ArgumentError as e:
+        print("rank %d then: %s" % (rank, e), flush=True)
+    assert mt.mpi_sum(1) == 2  # another communicator goes on
+    if sys.argv[1] == "uncaught":
+        mt.broadcast(np.ones(1000 + 200 * rank, np.int32))
+    """
+
+
+@pytest.mark.parametrize("how", ["caught", "uncaught"])
+def test_mismatch_on_mpis_path_without_the_check(tmp_path, how):
+    # MPIML_CHECK off, MPI's path: every rank raises instead of returning
+    # MPI's partial result; the communicator takes no collective after it; an
+    # uncaught mismatch (a broadcast whose receiver expects more) ends the job.
+    script = write(tmp_path, "mismatch.py", MISMATCH)
+    env = clean_env(MPIML_SHM="off", MPIML_CHECK="0")
+    cmd = mpirun(2, PY, script, how)
+    if how == "caught":
+        p, _ = run(cmd, 60, env)
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, out
+    else:
+        out = run_failing(cmd, within=20, env=env)
+        assert re.search(r"\[mpiml\] rank ([01])/2: ArgumentError: broadcast on rank \1/2: mismatched calls on "
+                         r"MPI's path, found after the call \(its result is not valid\): count 1000 on one "
+                         r"rank, 1200 on another; .* - aborting the job", out), out
+    for r in range(2):
+        assert re.search(r"rank %d caught: mpi_sum on rank %d/2: mismatched calls on MPI's path, found after the "
+                         r"call \(its result is not valid\): count 999 on one rank, 1000 on another; this rank "
+                         r"called allreduce\(count=%d, type=float, op=sum\)" % (r, r, 999 + r), out), out
+        assert re.search(r"rank %d then: mpi_sum on rank %d/2: an earlier call on this communicator had "
+                         r"mismatched arguments" % (r, r), out), out

@@ -38,6 +38,9 @@ struct CommUse {
     std::uint64_t seq = 0;  // written by the owner only
     std::atomic<std::uintptr_t> owner{0};
     std::atomic<std::uint64_t> what{0};
+    // Why no collective may run on it any more (a mismatch MPI's path found
+    // after the call); written and read by the owner.
+    std::string broken;
 };
 
 /// Claims comm for this thread's collective and returns its sequence number;
@@ -62,8 +65,12 @@ public:
     ~CollectiveScope();
     CollectiveScope(const CollectiveScope&) = delete;
     CollectiveScope& operator=(const CollectiveScope&) = delete;
+    /// Whether a call MPI carries compares the ranks' arguments alongside it
+    /// (AfterCheck): MPIML_CHECK is off and no door has checked.
+    bool checks_after() const { return check_after_; }
 
 private:
+    bool check_after_ = false;
     std::uint64_t watch_ = 0;  // the watchdog's id, 0: not watched
     bool marked_ = false;  // on the exit guard's board
     std::uint64_t history_ = 0;  // its entry in the history (report.cpp)

@@ -155,7 +155,13 @@ std::uint64_t claim_comm(Kind kind, MPI_Comm comm, const char* call, CommUse*& h
                            "(give each thread a communicator of its own: MPI_Comm_dup)");
         }
         held = nullptr;  // nested on this thread: the outer collective holds it
+        if (!use->broken.empty()) fail(call, use->broken);
         return ++use->seq;
+    }
+    if (!use->broken.empty()) {
+        const std::string why = use->broken;
+        use->owner.store(0, std::memory_order_release);
+        fail(call, why);
     }
     held = use;
     const std::uint64_t seq = ++use->seq;
@@ -326,7 +332,9 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
     const bool prof = profile_on.load(std::memory_order_relaxed);
     if (t_door && t_door->comm_ == info.comm) {
         // Inside a door's collective: it has counted, marked, watched and
-        // checked; the profile records this call with the door's start.
+        // checked (or not: then calls MPI carries check after); the profile
+        // records this call with the door's start.
+        check_after_ = !t_door->checked_;
         if (prof)
             profile_ = ProfileMark{info, t_door->seq_, t_door->t0_, t_door->check_ns_,
                                    profile_generation.load(std::memory_order_relaxed)};
@@ -334,6 +342,7 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
     }
     const auto& s = state();
     const bool check = s.check.load(std::memory_order_relaxed);
+    check_after_ = !check;
     const bool timed = s.timeout.load(std::memory_order_relaxed) > 0;
     const std::int64_t t0 = prof ? profile_now() : 0;
     const std::uint64_t seq = begin_collective(info.kind, info.comm, info.call, use_);
@@ -390,6 +399,7 @@ DoorScope::DoorScope(const DoorCall& d) : comm_(d.comm), outer_(t_door) {
             leave_collective(marked_, watch_, history_, use_);
             throw;
         }
+        checked_ = true;
         if (t0_) check_ns_ = profile_now() - t0_;
     }
     t_door = this;
@@ -408,6 +418,103 @@ DoorWatch::DoorWatch(std::string call, double timeout, std::string where) {
 
 DoorWatch::~DoorWatch() { watchdog_disarm(id_); }
 
+namespace {
+// A call MPI carries without MPIML_CHECK still compares the ranks' arguments:
+// the check's agreement round, posted as a nonblocking allreduce before the
+// call and waited after it, so it costs about nothing beside the call. On a
+// mismatch MPI's result is not valid (a partial result, or MPI's truncation
+// error on some ranks): every rank that returns from the call throws instead.
+// MPIML_CHECK checks before the call, which ranks that would mix their data
+// up (or hang in MPI) never enter.
+class AfterCheck {
+public:
+    AfterCheck(const CollectiveScope& scope, const CallInfo& info) : info_(info) {
+        if (!scope.checks_after()) return;
+        int size = 1;
+        check_mpi(MPI_Comm_size(info.comm, &size), info.call);
+        if (size < 2) return;
+        const std::int64_t sig[kN] = {static_cast<std::int64_t>(info.kind),
+                                      static_cast<std::int64_t>(info.count), type_id(info.type),
+                                      info.op_id, info.root};
+        for (int i = 0; i < kN; ++i) {
+            buf_[i] = sig[i];
+            buf_[kN + i] = ~sig[i];
+        }
+        check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf_, 2 * kN, MPI_INT64_T, MPI_MAX, info.comm, &req_),
+                  info.call);
+        agreement_round_count.fetch_add(1, std::memory_order_relaxed);
+    }
+    ~AfterCheck() {
+        if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
+    }
+    AfterCheck(const AfterCheck&) = delete;
+    AfterCheck& operator=(const AfterCheck&) = delete;
+
+    template <class F>
+    void run(F&& call) {
+        if (req_ == MPI_REQUEST_NULL) return call();
+        try {
+            call();
+        } catch (const Error& e) {
+            // mpiml's own error (not MPI's) came before any data moved: it
+            // stands, and the communicator stays usable.
+            const bool mpi = e.mpi_code() != 0;
+            std::string m;
+            try {
+                m = finish(mpi);
+            } catch (const std::exception&) {  // the wait failed too: the call's error
+            }
+            if (mpi && !m.empty()) fail(info_.call, m + " (MPI's call: " + e.what() + ")");
+            throw;
+        } catch (...) {
+            try {
+                finish(false);
+            } catch (const std::exception&) {
+            }
+            throw;
+        }
+        if (std::string m = finish(true); !m.empty()) fail(info_.call, m);
+    }
+
+private:
+    static constexpr int kN = 5;
+    // "" when every rank passed the same arguments, else what differs;
+    // `close`: then no collective runs on the communicator again.
+    std::string finish(bool close) {
+        wait_politely(req_, info_.call);
+        std::string diff;
+        const auto add = [&diff](const std::string& what, const std::string& lo, const std::string& hi) {
+            diff += (diff.empty() ? "" : ", ") + what + " " + lo + " on one rank, " + hi + " on another";
+        };
+        const auto lo = [this](int i) { return ~buf_[kN + i]; };
+        const auto hi = [this](int i) { return buf_[i]; };
+        if (lo(0) != hi(0))
+            add("calls", kind_name(static_cast<Kind>(lo(0))), kind_name(static_cast<Kind>(hi(0))));
+        if (lo(1) != hi(1)) add("count", std::to_string(lo(1)), std::to_string(hi(1)));
+        if (lo(2) != hi(2)) add("type", datatype_name(type_of_id(lo(2))), datatype_name(type_of_id(hi(2))));
+        const auto op_text = [](std::int64_t id) {
+            return id >= 0 && id < static_cast<std::int64_t>(op_count) ? std::string(op_name(static_cast<Op>(id)))
+                                                                       : std::string("user-defined");
+        };
+        if (lo(3) != hi(3)) add("op", op_text(lo(3)), op_text(hi(3)));
+        if (lo(4) != hi(4)) add("root", std::to_string(lo(4)), std::to_string(hi(4)));
+        if (diff.empty() || !close) return diff;
+        // MPI's messages of the call may be left unmatched, to be taken by a
+        // later one: no collective runs on the communicator again.
+        comm_use(info_.comm)->broken =
+            "an earlier call on this communicator had mismatched arguments on MPI's path (" + diff +
+            ") and may have left MPI's messages out of step: no collective can run on it again";
+        return "mismatched calls on MPI's path, found after the call (its result is not valid): " + diff +
+               "; this rank called " + describe(info_) +
+               "; no collective can run on this communicator again (MPIML_CHECK=1 checks before "
+               "each call, names each rank's call and leaves the communicator usable)";
+    }
+    const CallInfo info_;
+    std::int64_t buf_[2 * kN] = {};
+    MPI_Request req_ = MPI_REQUEST_NULL;
+};
+}  // namespace
+
 void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype type, TypeClass cls,
                const ReduceOp& op, MPI_Comm comm, const char* call) {
     ensure_initialized(call);
@@ -424,9 +531,10 @@ void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype typ
         if (s < r + bytes && r < s + bytes)
             fail(call, "send and recv buffers overlap; use the in-place overload");
     }
-    CollectiveScope scope({Kind::allreduce, call, count, type, op_id(op), -1, comm});
+    const CallInfo info{Kind::allreduce, call, count, type, op_id(op), -1, comm};
+    CollectiveScope scope(info);
     if (shm_allreduce(send, recv, count, type, bytes, op, comm, call)) return;
-    mpi_allreduce(send, recv, count, type, tsize, op, comm, call);
+    AfterCheck(scope, info).run([&] { mpi_allreduce(send, recv, count, type, tsize, op, comm, call); });
 }
 
 void average(void* buf, std::size_t count, MPI_Datatype type, MPI_Comm comm, const char* call) {
@@ -438,9 +546,10 @@ void average(void* buf, std::size_t count, MPI_Datatype type, MPI_Comm comm, con
     if (count > 0 && buf == nullptr) fail(call, "buffer is null");
     int tsize = 0;
     check_mpi(MPI_Type_size(type, &tsize), call);
-    CollectiveScope scope({Kind::allreduce, call, count, type, op_id(Op::sum), -1, comm});
+    const CallInfo what{Kind::allreduce, call, count, type, op_id(Op::sum), -1, comm};
+    CollectiveScope scope(what);
     if (shm_average(buf, count, type, comm, call)) return;
-    mpi_average(buf, count, type, tsize, comm, call);
+    AfterCheck(scope, what).run([&] { mpi_average(buf, count, type, tsize, comm, call); });
 }
 
 void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Comm comm,
@@ -450,9 +559,10 @@ void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Co
     if (count > 0 && buf == nullptr) fail(call, "buffer is null");
     int tsize = 0;
     check_mpi(MPI_Type_size(type, &tsize), call);
-    CollectiveScope scope({Kind::broadcast, call, count, type, -1, root, comm});
+    const CallInfo info{Kind::broadcast, call, count, type, -1, root, comm};
+    CollectiveScope scope(info);
     if (shm_broadcast(buf, count, type, tsize, root, comm, call)) return;
-    mpi_broadcast(buf, count, type, tsize, root, comm, call);
+    AfterCheck(scope, info).run([&] { mpi_broadcast(buf, count, type, tsize, root, comm, call); });
 }
 
 void allgather(const void* send, void* recv, std::size_t count, MPI_Datatype type,
@@ -460,8 +570,9 @@ void allgather(const void* send, void* recv, std::size_t count, MPI_Datatype typ
     ensure_initialized(call);
     if (count > static_cast<std::size_t>(INT_MAX))
         fail(call, "more than INT_MAX elements per rank");
-    CollectiveScope scope({Kind::allgather, call, count, type, -1, -1, comm});
-    mpi_allgather(send, recv, count, type, comm, call);
+    const CallInfo info{Kind::allgather, call, count, type, -1, -1, comm};
+    CollectiveScope scope(info);
+    AfterCheck(scope, info).run([&] { mpi_allgather(send, recv, count, type, comm, call); });
 }
 
 void barrier(MPI_Comm comm, const char* call) {
