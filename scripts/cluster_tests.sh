@@ -84,7 +84,7 @@ hash_case() {
 }
 
 echo "-- test binaries across hosts (hierarchical path over TCP)"
-for t in test_core test_shm test_profile test_torch; do
+for t in test_core test_errors test_shm test_profile test_torch; do
   [ -x "$build/tests/$t" ] || { echo "  skip  $t (not built)"; continue; }
   for layout in h1:2,h2:2 h1:1,h2:1; do binary_case $t $layout; done
 done
@@ -170,6 +170,15 @@ if [ -x "$fc" ]; then
   fi
   # One rank a host: only the remote read (one-sided MPI) sees the waiting rank.
   fault_hosts="--host h1:1,h2:1" fault_np=2 fault_case rank_exits_alone_on_h2 10 "rank 1/2: exited with status 3 \\(host h2\\) while rank 0 waits in allreduce #2" exit 1
+  # Without MPIML_CHECK, calls MPI carries across hosts compare the ranks'
+  # arguments beside the call: every rank that returns from it throws, in
+  # place of MPI's truncation error on one rank and a partial result on the
+  # other (one rank a host: an allreduce; a broadcast whose rank on h2
+  # expects more, an allgather, over MPI's path on 2 hosts x 2).
+  after="on rank [0-3]/[24]: mismatched calls on MPI's path, found after the call \\(its result is not valid\\)"
+  MPIML_CHECK=0 fault_hosts="--host h1:1,h2:1" fault_np=2 fault_case mismatch_alone_on_h2 10 "mpiml::allreduce $after: count 999 on one rank, 1000 on another" shm_count_off 1
+  MPIML_CHECK=0 fault_case mismatch_bcast_on_h2 10 "mpiml::broadcast $after: count 1000 on one rank, 1200 on another" bcast_count_off 3
+  MPIML_CHECK=0 fault_case mismatch_allgather_on_h2 10 "mpiml::allgather $after: count 3 on one rank, 4 on another" allgather_count_off 3
 fi
 # GradAverager(overlap=true), one rank a host: the rank on h2 fails during
 # backward() while rank 0's communication thread waits for it in its allreduce.

@@ -103,106 +103,126 @@ TEST(Errors, SessionOptionsAfterStartUpAreAnError) {
     EXPECT_EQ(fine.thread_level(), provided);
 }
 
-// Without MPIML_CHECK, calls MPI carries compare the ranks' arguments after
-// the call: every rank throws, naming what differs, where MPI gave a partial
-// result, a mixed-up sum or (on some ranks) its truncation error.
-class AfterCheck : public ::testing::Test {
+// Without MPIML_CHECK, calls MPI carries still compare the ranks' arguments:
+// on one host before the call (the check's round; the communicator stays
+// usable), across hosts beside it, every rank throwing after MPI's call where
+// MPI gave a partial result, a mixed-up sum or (on some ranks) its truncation
+// error, and the communicator takes no collective after it. 2 ranks: a tree
+// of MPI's could leave a third rank waiting in the call across hosts.
+class NoCheck : public ::testing::Test {
 protected:
     void SetUp() override {
-        if (size() != 2) GTEST_SKIP() << "2 ranks (a tree would leave a third rank waiting)";
+        if (size() != 2) GTEST_SKIP() << "2 ranks";
         was_ = mpiml::check_enabled();
         mode_ = mpiml::shm::config().mode;
         mpiml::set_check(false);
         mpiml::shm::set_mode(mpiml::shm::Mode::off);  // MPI's path (the shared one checks always)
-        ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), MPI_SUCCESS);
+        MPI_Comm host = MPI_COMM_NULL;
+        ASSERT_EQ(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host), MPI_SUCCESS);
+        int n = 0;
+        MPI_Comm_size(host, &n);
+        MPI_Comm_free(&host);
+        across_ = n != size();
     }
     void TearDown() override {
         if (size() != 2) return;
-        MPI_Comm_free(&comm_);
+        for (MPI_Comm& c : comms_) MPI_Comm_free(&c);
         EXPECT_EQ(mpiml::mpi_sum(1), size());  // the world is still in step
         mpiml::set_check(was_);
         mpiml::shm::set_mode(mode_);
     }
-    // A call after a mismatch on comm_: no collective runs on it again.
-    void expect_broken() {
-        expect_error([&] { mpiml::barrier(comm_); },
-                     {"mpiml::barrier", tag(), "an earlier call on this communicator had mismatched arguments"});
+    MPI_Comm fresh() {
+        MPI_Comm c = MPI_COMM_NULL;
+        EXPECT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &c), MPI_SUCCESS);
+        return comms_.emplace_back(c);
     }
-    MPI_Comm comm_ = MPI_COMM_NULL;
+    // f's error on a fresh communicator: on one host the check's (what each
+    // rank called), across hosts the one after the call (what differs, `diff`).
+    // Then the communicator is usable on one host, closed across hosts.
+    template <class F>
+    void expect_mismatch(F f, const std::string& call, const std::string& mine, const std::string& diff) {
+        const MPI_Comm c = fresh();
+        if (across_) {
+            expect_error([&] { f(c); },
+                         {call + " on " + tag(), kAfter, diff, "this rank called " + mine,
+                          "no collective can run on this communicator again", "MPIML_CHECK=1"});
+            expect_error([&] { mpiml::barrier(c); },
+                         {"mpiml::barrier", tag(), "an earlier call on this communicator had mismatched arguments"});
+        } else {
+            expect_error([&] { f(c); }, {call + " on " + tag(), "mismatched collectives", "rank " + std::to_string(rank()) + " called " + mine});
+            EXPECT_EQ(mpiml::mpi_sum(rank() + 1, c), 3);  // in step
+        }
+    }
+    static inline const std::string kAfter =
+        "mismatched calls on MPI's path, found after the call (its result is not valid)";
+    std::vector<MPI_Comm> comms_;
+    bool across_ = false;
     bool was_ = false;
     mpiml::shm::Mode mode_{};
 };
 
-const std::string kAfter = "mismatched calls on MPI's path, found after the call (its result is not valid)";
-
-TEST_F(AfterCheck, RankThatReceivesMoreIsToldTheLikelyCause) {
-    std::vector<int> v(rank() == 0 ? 4 : 2, 5);
-    expect_error([&] { mpiml::broadcast(v, 0, comm_); },
-                 {"mpiml::broadcast", tag(), kAfter, "count 2 on one rank, 4 on another",
-                  "this rank called broadcast(count=" + std::to_string(v.size()) + ", type=int, root=0)",
-                  "no collective can run on this communicator again", "MPIML_CHECK=1"});
-    expect_broken();
-}
-
-TEST_F(AfterCheck, RankThatReceivesLessGetsNoPartialResult) {
-    std::vector<int> v(rank() == 0 ? 2 : 4, rank() == 0 ? 7 : 0);
-    expect_error([&] { mpiml::broadcast(v, 0, comm_); }, {"mpiml::broadcast", tag(), kAfter, "count 2 on one rank, 4 on another"});
-    expect_broken();
-}
-
-TEST_F(AfterCheck, AllreduceCounts) {
-    for (int shorter = 0; shorter < 2; ++shorter) {
-        MPI_Comm c = MPI_COMM_NULL;
-        ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &c), MPI_SUCCESS);
-        std::vector<float> v(rank() == shorter ? 999 : 1000, 1.0f);
-        expect_error([&] { mpiml::allreduce(v, mpiml::Op::sum, c); },
-                     {"mpiml::allreduce", tag(), kAfter, "count 999 on one rank, 1000 on another"});
-        MPI_Comm_free(&c);
+TEST_F(NoCheck, BroadcastCounts) {
+    // root sends more (MPI: truncated on the receiver), then less (MPI: a partial result)
+    for (int more = 0; more < 2; ++more) {
+        std::vector<int> v((rank() == 0) == (more == 1) ? 4 : 2, 5);
+        expect_mismatch([&](MPI_Comm c) { mpiml::broadcast(v, 0, c); }, "mpiml::broadcast",
+                        "broadcast(count=" + std::to_string(v.size()) + ", type=int, root=0)",
+                        "count 2 on one rank, 4 on another");
     }
 }
 
-TEST_F(AfterCheck, OpsTypesAndRoots) {
-    MPI_Comm c[2] = {MPI_COMM_NULL, MPI_COMM_NULL};
-    for (auto& x : c) ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &x), MPI_SUCCESS);
-    expect_error([&] { mpiml::mpi_op(rank() + 1, rank() == 0 ? mpiml::Op::max : mpiml::Op::min, c[0]); },
-                 {kAfter, "op min on one rank, max on another"});
-    expect_error(
-        [&] {
-            if (rank() == 0) mpiml::mpi_sum(1.0f, c[1]);
-            else mpiml::mpi_sum(1, c[1]);
+TEST_F(NoCheck, AllreduceCounts) {
+    for (int shorter = 0; shorter < 2; ++shorter) {
+        std::vector<float> v(rank() == shorter ? 999 : 1000, 1.0f);
+        expect_mismatch([&](MPI_Comm c) { mpiml::allreduce(v, mpiml::Op::sum, c); }, "mpiml::allreduce",
+                        "allreduce(count=" + std::to_string(v.size()) + ", type=float, op=sum)",
+                        "count 999 on one rank, 1000 on another");
+    }
+}
+
+TEST_F(NoCheck, OpsTypesAndRoots) {
+    const mpiml::Op op = rank() == 0 ? mpiml::Op::max : mpiml::Op::min;
+    expect_mismatch([&](MPI_Comm c) { mpiml::mpi_op(rank() + 1, op, c); }, "mpiml::mpi_op",
+                    std::string("allreduce(count=1, type=int, op=") + (rank() == 0 ? "max" : "min") + ")",
+                    "op min on one rank, max on another");
+    expect_mismatch(
+        [&](MPI_Comm c) {
+            if (rank() == 0) mpiml::mpi_sum(1.0f, c);
+            else mpiml::mpi_sum(1, c);
         },
-        {kAfter, "type float on one rank, int on another|type int on one rank, float on another"});
-    expect_error(
-        [&] {
+        "mpiml::mpi_sum", std::string("allreduce(count=1, type=") + (rank() == 0 ? "float" : "int") + ", op=sum)",
+        "type ");
+    expect_mismatch(
+        [&](MPI_Comm c) {
             int x = 1;
-            mpiml::broadcast(x, rank(), comm_);
+            mpiml::broadcast(x, rank(), c);
         },
-        {kAfter, "root 0 on one rank, 1 on another"});
-    expect_broken();
-    for (auto& x : c) MPI_Comm_free(&x);
+        "mpiml::broadcast", "broadcast(count=1, type=int, root=" + std::to_string(rank()) + ")",
+        "root 0 on one rank, 1 on another");
 }
 
-TEST_F(AfterCheck, AllgatherAndAverage) {
-    MPI_Comm c = MPI_COMM_NULL;
-    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &c), MPI_SUCCESS);
+TEST_F(NoCheck, AllgatherAndAverage) {
     std::vector<double> mine(rank() == 0 ? 3 : 4, 1.0), all(8);
-    expect_error([&] { mpiml::detail::allgather(mine.data(), all.data(), mine.size(), MPI_DOUBLE, comm_, "test allgather"); },
-                 {"test allgather", kAfter, "count 3 on one rank, 4 on another"});
+    expect_mismatch(
+        [&](MPI_Comm c) { mpiml::detail::allgather(mine.data(), all.data(), mine.size(), MPI_DOUBLE, c, "test allgather"); },
+        "test allgather", "allgather(count=" + std::to_string(mine.size()) + ", type=double)",
+        "count 3 on one rank, 4 on another");
     std::vector<double> g(rank() == 0 ? 5 : 6, 1.0);
-    expect_error([&] { mpiml::detail::average(g.data(), g.size(), MPI_DOUBLE, c, "test average"); },
-                 {"test average", kAfter, "count 5 on one rank, 6 on another"});
-    MPI_Comm_free(&c);
+    expect_mismatch([&](MPI_Comm c) { mpiml::detail::average(g.data(), g.size(), MPI_DOUBLE, c, "test average"); },
+                    "test average", "allreduce(count=" + std::to_string(g.size()) + ", type=double, op=sum)",
+                    "count 5 on one rank, 6 on another");
 }
 
-TEST_F(AfterCheck, MatchingCallsPass) {
+TEST_F(NoCheck, MatchingCallsPass) {
+    const MPI_Comm c = fresh();
     std::vector<double> v(100, 1.0 + rank());
-    mpiml::allreduce(v, mpiml::Op::sum, comm_);
+    mpiml::allreduce(v, mpiml::Op::sum, c);
     EXPECT_EQ(v[99], 3.0);
     int x = rank() == 1 ? 9 : 0;
-    mpiml::broadcast(x, 1, comm_);
+    mpiml::broadcast(x, 1, c);
     EXPECT_EQ(x, 9);
     std::vector<int> all(2);
-    mpiml::detail::allgather(&x, all.data(), 1, MPI_INT, comm_, "test allgather");
+    mpiml::detail::allgather(&x, all.data(), 1, MPI_INT, c, "test allgather");
     EXPECT_EQ(all, (std::vector<int>{9, 9}));
 }
 

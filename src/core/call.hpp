@@ -41,6 +41,7 @@ struct CommUse {
     // Why no collective may run on it any more (a mismatch MPI's path found
     // after the call); written and read by the owner.
     std::string broken;
+    int one_host = -1;  // every rank on one host: 1, else 0; -1 not known yet (owner)
 };
 
 /// Claims comm for this thread's collective and returns its sequence number;
@@ -68,9 +69,11 @@ public:
     /// Whether a call MPI carries compares the ranks' arguments alongside it
     /// (AfterCheck): MPIML_CHECK is off and no door has checked.
     bool checks_after() const { return check_after_; }
+    std::uint64_t seq() const { return seq_; }
 
 private:
     bool check_after_ = false;
+    std::uint64_t seq_ = 0;  // its number on the communicator (0 inside a door)
     std::uint64_t watch_ = 0;  // the watchdog's id, 0: not watched
     bool marked_ = false;  // on the exit guard's board
     std::uint64_t history_ = 0;  // its entry in the history (report.cpp)

@@ -335,6 +335,7 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
         // checked (or not: then calls MPI carries check after); the profile
         // records this call with the door's start.
         check_after_ = !t_door->checked_;
+        seq_ = t_door->seq_;
         if (prof)
             profile_ = ProfileMark{info, t_door->seq_, t_door->t0_, t_door->check_ns_,
                                    profile_generation.load(std::memory_order_relaxed)};
@@ -346,6 +347,7 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
     const bool timed = s.timeout.load(std::memory_order_relaxed) > 0;
     const std::int64_t t0 = prof ? profile_now() : 0;
     const std::uint64_t seq = begin_collective(info.kind, info.comm, info.call, use_);
+    seq_ = seq;
     if (timed) watch_ = watchdog_arm(Watched{info, seq, 0, {}, {}});
     try {
         enter_collective(info.kind, seq, info.comm, marked_);
@@ -419,13 +421,31 @@ DoorWatch::DoorWatch(std::string call, double timeout, std::string where) {
 DoorWatch::~DoorWatch() { watchdog_disarm(id_); }
 
 namespace {
-// A call MPI carries without MPIML_CHECK still compares the ranks' arguments:
-// the check's agreement round, posted as a nonblocking allreduce before the
-// call and waited after it, so it costs about nothing beside the call. On a
-// mismatch MPI's result is not valid (a partial result, or MPI's truncation
-// error on some ranks): every rank that returns from the call throws instead.
-// MPIML_CHECK checks before the call, which ranks that would mix their data
-// up (or hang in MPI) never enter.
+// Whether every rank of comm runs on one host (collective the first time on
+// comm; the same answer on every rank).
+bool on_one_host(MPI_Comm comm, const char* call) {
+    CommUse* use = comm_use(comm);
+    if (use->one_host < 0) {
+        MPI_Comm host = MPI_COMM_NULL;
+        check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host), call);
+        int n = 0, all = 0;
+        MPI_Comm_size(host, &n);
+        MPI_Comm_free(&host);
+        check_mpi(MPI_Comm_size(comm, &all), call);
+        use->one_host = n == all;
+    }
+    return use->one_host == 1;
+}
+
+// A call MPI carries without MPIML_CHECK still compares the ranks' arguments
+// in the check's agreement round. On one host the check runs before the call
+// (one small allreduce, cheaper there than a nonblocking one). Across hosts
+// the round is posted as a nonblocking allreduce before the call and waited
+// after it, its round trips beside the call's; on a mismatch MPI's result is
+// not valid (a partial result, or MPI's truncation error on some ranks), and
+// every rank that returns from the call throws instead. (A round after the
+// call would not do: a rank that MPI's call failed early would meet the
+// others' call with it.)
 class AfterCheck {
 public:
     AfterCheck(const CollectiveScope& scope, const CallInfo& info) : info_(info) {
@@ -440,6 +460,11 @@ public:
             buf_[i] = sig[i];
             buf_[kN + i] = ~sig[i];
         }
+        if (on_one_host(info.comm, info.call)) {
+            check_consistent(info, scope.seq());
+            return;
+        }
+        on_ = true;
         check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf_, 2 * kN, MPI_INT64_T, MPI_MAX, info.comm, &req_),
                   info.call);
         agreement_round_count.fetch_add(1, std::memory_order_relaxed);
@@ -452,7 +477,7 @@ public:
 
     template <class F>
     void run(F&& call) {
-        if (req_ == MPI_REQUEST_NULL) return call();
+        if (!on_) return call();
         try {
             call();
         } catch (const Error& e) {
@@ -464,7 +489,12 @@ public:
                 m = finish(mpi);
             } catch (const std::exception&) {  // the wait failed too: the call's error
             }
-            if (mpi && !m.empty()) fail(info_.call, m + " (MPI's call: " + e.what() + ")");
+            if (mpi && !m.empty()) {
+                char text[MPI_MAX_ERROR_STRING] = {};
+                int len = 0;
+                if (MPI_Error_string(e.mpi_code(), text, &len) != MPI_SUCCESS) len = 0;
+                fail(info_.call, m + " (MPI's call failed: " + std::string(text, len) + ")");
+            }
             throw;
         } catch (...) {
             try {
@@ -512,6 +542,7 @@ private:
     const CallInfo info_;
     std::int64_t buf_[2 * kN] = {};
     MPI_Request req_ = MPI_REQUEST_NULL;
+    bool on_ = false;  // compares after the call
 };
 }  // namespace
 
