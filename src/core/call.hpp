@@ -38,8 +38,8 @@ struct CommUse {
     std::uint64_t seq = 0;  // written by the owner only
     std::atomic<std::uintptr_t> owner{0};
     std::atomic<std::uint64_t> what{0};
-    // Why no collective may run on it any more (a mismatch MPI's path found
-    // after the call); written and read by the owner.
+    // Why no collective may run on it any more (a mismatch found after
+    // MPI's call); written and read by the owner.
     std::string broken;
     int one_host = -1;  // every rank on one host: 1, else 0; -1 not known yet (owner)
 };
@@ -66,13 +66,13 @@ public:
     ~CollectiveScope();
     CollectiveScope(const CollectiveScope&) = delete;
     CollectiveScope& operator=(const CollectiveScope&) = delete;
-    /// Whether a call MPI carries compares the ranks' arguments alongside it
-    /// (AfterCheck): MPIML_CHECK is off and no door has checked.
-    bool checks_after() const { return check_after_; }
+    /// Whether a call MPI carries runs the check's round of its own
+    /// (PathCheck): MPIML_CHECK is off and no door has checked.
+    bool checks_mpi_path() const { return check_mpi_path_; }
     std::uint64_t seq() const { return seq_; }
 
 private:
-    bool check_after_ = false;
+    bool check_mpi_path_ = false;
     std::uint64_t seq_ = 0;  // its number on the communicator (0 inside a door)
     std::uint64_t watch_ = 0;  // the watchdog's id, 0: not watched
     bool marked_ = false;  // on the exit guard's board

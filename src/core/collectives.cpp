@@ -332,9 +332,9 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
     const bool prof = profile_on.load(std::memory_order_relaxed);
     if (t_door && t_door->comm_ == info.comm) {
         // Inside a door's collective: it has counted, marked, watched and
-        // checked (or not: then calls MPI carries check after); the profile
-        // records this call with the door's start.
-        check_after_ = !t_door->checked_;
+        // checked (or not: then calls MPI carries check, PathCheck); the
+        // profile records this call with the door's start.
+        check_mpi_path_ = !t_door->checked_;
         seq_ = t_door->seq_;
         if (prof)
             profile_ = ProfileMark{info, t_door->seq_, t_door->t0_, t_door->check_ns_,
@@ -343,7 +343,7 @@ CollectiveScope::CollectiveScope(const CallInfo& info) {
     }
     const auto& s = state();
     const bool check = s.check.load(std::memory_order_relaxed);
-    check_after_ = !check;
+    check_mpi_path_ = !check;
     const bool timed = s.timeout.load(std::memory_order_relaxed) > 0;
     const std::int64_t t0 = prof ? profile_now() : 0;
     const std::uint64_t seq = begin_collective(info.kind, info.comm, info.call, use_);
@@ -446,10 +446,10 @@ bool on_one_host(MPI_Comm comm, const char* call) {
 // every rank that returns from the call throws instead. (A round after the
 // call would not do: a rank that MPI's call failed early would meet the
 // others' call with it.)
-class AfterCheck {
+class PathCheck {
 public:
-    AfterCheck(const CollectiveScope& scope, const CallInfo& info) : info_(info) {
-        if (!scope.checks_after()) return;
+    PathCheck(const CollectiveScope& scope, const CallInfo& info) : info_(info) {
+        if (!scope.checks_mpi_path()) return;
         int size = 1;
         check_mpi(MPI_Comm_size(info.comm, &size), info.call);
         if (size < 2) return;
@@ -469,11 +469,11 @@ public:
                   info.call);
         agreement_round_count.fetch_add(1, std::memory_order_relaxed);
     }
-    ~AfterCheck() {
+    ~PathCheck() {
         if (req_ != MPI_REQUEST_NULL) MPI_Wait(&req_, MPI_STATUS_IGNORE);
     }
-    AfterCheck(const AfterCheck&) = delete;
-    AfterCheck& operator=(const AfterCheck&) = delete;
+    PathCheck(const PathCheck&) = delete;
+    PathCheck& operator=(const PathCheck&) = delete;
 
     template <class F>
     void run(F&& call) {
@@ -565,7 +565,7 @@ void allreduce(const void* send, void* recv, std::size_t count, MPI_Datatype typ
     const CallInfo info{Kind::allreduce, call, count, type, op_id(op), -1, comm};
     CollectiveScope scope(info);
     if (shm_allreduce(send, recv, count, type, bytes, op, comm, call)) return;
-    AfterCheck(scope, info).run([&] { mpi_allreduce(send, recv, count, type, tsize, op, comm, call); });
+    PathCheck(scope, info).run([&] { mpi_allreduce(send, recv, count, type, tsize, op, comm, call); });
 }
 
 void average(void* buf, std::size_t count, MPI_Datatype type, MPI_Comm comm, const char* call) {
@@ -580,7 +580,7 @@ void average(void* buf, std::size_t count, MPI_Datatype type, MPI_Comm comm, con
     const CallInfo what{Kind::allreduce, call, count, type, op_id(Op::sum), -1, comm};
     CollectiveScope scope(what);
     if (shm_average(buf, count, type, comm, call)) return;
-    AfterCheck(scope, what).run([&] { mpi_average(buf, count, type, tsize, comm, call); });
+    PathCheck(scope, what).run([&] { mpi_average(buf, count, type, tsize, comm, call); });
 }
 
 void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Comm comm,
@@ -593,7 +593,7 @@ void broadcast(void* buf, std::size_t count, MPI_Datatype type, int root, MPI_Co
     const CallInfo info{Kind::broadcast, call, count, type, -1, root, comm};
     CollectiveScope scope(info);
     if (shm_broadcast(buf, count, type, tsize, root, comm, call)) return;
-    AfterCheck(scope, info).run([&] { mpi_broadcast(buf, count, type, tsize, root, comm, call); });
+    PathCheck(scope, info).run([&] { mpi_broadcast(buf, count, type, tsize, root, comm, call); });
 }
 
 void allgather(const void* send, void* recv, std::size_t count, MPI_Datatype type,
@@ -603,7 +603,7 @@ void allgather(const void* send, void* recv, std::size_t count, MPI_Datatype typ
         fail(call, "more than INT_MAX elements per rank");
     const CallInfo info{Kind::allgather, call, count, type, -1, -1, comm};
     CollectiveScope scope(info);
-    AfterCheck(scope, info).run([&] { mpi_allgather(send, recv, count, type, comm, call); });
+    PathCheck(scope, info).run([&] { mpi_allgather(send, recv, count, type, comm, call); });
 }
 
 void barrier(MPI_Comm comm, const char* call) {
