@@ -14,6 +14,7 @@
 #include <mpiml/collectives.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -263,11 +264,18 @@ void check_agreement(const std::int64_t* sig, int n, MPI_Comm comm, const char* 
                    " on this communicator): " + group_ranks(called, 0, "called", "called"));
 }
 
+namespace {
+// What every rank must pass alike: the check's round compares these.
+constexpr int kSigLen = 5;
+std::array<std::int64_t, kSigLen> signature(const CallInfo& info) {
+    return {static_cast<std::int64_t>(info.kind), static_cast<std::int64_t>(info.count),
+            type_id(info.type), info.op_id, info.root};
+}
+}  // namespace
+
 void check_consistent(const CallInfo& info, std::uint64_t seq) {
-    const std::int64_t sig[] = {static_cast<std::int64_t>(info.kind),
-                                static_cast<std::int64_t>(info.count), type_id(info.type),
-                                info.op_id, info.root};
-    check_agreement(sig, 5, info.comm, info.call, seq, [&info](const std::int64_t* s) {
+    const auto sig = signature(info);
+    check_agreement(sig.data(), kSigLen, info.comm, info.call, seq, [&info](const std::int64_t* s) {
         CallInfo c = info;
         c.kind = static_cast<Kind>(s[0]);
         c.count = static_cast<std::size_t>(s[1]);
@@ -453,9 +461,7 @@ public:
         int size = 1;
         check_mpi(MPI_Comm_size(info.comm, &size), info.call);
         if (size < 2) return;
-        const std::int64_t sig[kN] = {static_cast<std::int64_t>(info.kind),
-                                      static_cast<std::int64_t>(info.count), type_id(info.type),
-                                      info.op_id, info.root};
+        const auto sig = signature(info);
         for (int i = 0; i < kN; ++i) {
             buf_[i] = sig[i];
             buf_[kN + i] = ~sig[i];
@@ -507,7 +513,7 @@ public:
     }
 
 private:
-    static constexpr int kN = 5;
+    static constexpr int kN = kSigLen;
     // "" when every rank passed the same arguments, else what differs;
     // `close`: then no collective runs on the communicator again.
     std::string finish(bool close) {
