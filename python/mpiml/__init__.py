@@ -10,7 +10,10 @@ call that needs MPI does (MPI_THREAD_MULTIPLE), unless mpi4py or another
 library initialized it first, in which case that library also finalizes it.
 """
 from . import errors
-from .errors import ArgumentError, CheckpointError, DtypeError, Error, MPIError, NoSamplesError
+from .errors import ArgumentError, CheckpointError, DtypeError, Error, MPIError, MPILibraryError, NoSamplesError
+from . import _one_mpi
+_one_mpi.check("import mpiml")  # before anything calls into MPI
+_one_mpi.guard_mpi4py()
 from . import mpi_tools
 from .mpi_tools import (IN_PLACE, allreduce, barrier, broadcast, mpi_avg, mpi_fork, mpi_op,
                         mpi_statistics_scalar, mpi_sum, msg, num_procs, pprint, proc_id)

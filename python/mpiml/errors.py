@@ -23,6 +23,12 @@ class NoSamplesError(ArgumentError):
     """mpi_statistics_scalar: no rank has any sample (raised on every rank)."""
 
 
+class MPILibraryError(Error, ImportError):
+    """Two MPI libraries in one process: mpiml's and another one, such as
+    an mpi4py built for another MPI (raised by ``import mpiml`` or
+    ``import mpi4py.MPI``, whichever comes second)."""
+
+
 class MPIError(Error):
     """MPI itself reported an error (mpi_code is MPI's error code)."""
 

@@ -31,6 +31,7 @@
 
 #include "common.hpp"
 #include "core/op.hpp"     // src/: the registry of ops
+#include "core/state.hpp"  // other_mpi_library
 #include "core/types.hpp"  // and of element types
 
 namespace py = pybind11;
@@ -487,6 +488,7 @@ PYBIND11_MODULE(_core, m) {
        "Prints where every rank is (rank 0's stderr and MPIML_REPORT_DIR); returns the text.");
 
     m.def("init", &ensure_initialized_py, "Initializes MPI (THREAD_MULTIPLE) unless already initialized.");
+    m.def("_other_mpi_library", [] { return detail::other_mpi_library(); });
     m.def("is_initialized", [] { return is_initialized(); });
     m.def("is_finalized", [] { return is_finalized(); });
     m.def("thread_level", &thread_level_now);

@@ -11,5 +11,13 @@ mpiml_add_pytest(NAME pytest_jobs FILE tests/test_jobs.py RANKS 1 TIMEOUT 600 EN
 # The longest case (minutes): ctest, which has no timings on a fresh build,
 # starts the cases of highest COST first, so that this one does not end the run alone.
 set_tests_properties(pytest_jobs.np1 PROPERTIES COST 1000)
+# MPICH: the signals a batch system sends to the process the user started,
+# through Hydra (pytest_jobs runs them with Open MPI's mpirun).
+if(MPIML_MPI_VENDOR STREQUAL "MPICH")
+  mpiml_add_pytest(NAME pytest_jobs_signals FILE tests/test_jobs.py RANKS 1 TIMEOUT 300 ENV ${_jobs_env}
+    ARGS -k "sigterm_to_the_front or ctrl_c_on_the_launcher")
+endif()
 # GradAverager(overlap=True): equivalence and bit-identity (communication thread).
 mpiml_add_pytest(NAME pytest_overlap FILE tests/test_overlap.py RANKS 2 3 TIMEOUT 120)
+# Two MPI libraries in one process (an mpi4py built for another MPI): refused.
+mpiml_add_pytest(NAME pytest_one_mpi FILE tests/test_one_mpi.py RANKS 1 TIMEOUT 120)

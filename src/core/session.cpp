@@ -204,6 +204,7 @@ private:
 // at the door that follows MPI_Init (exit_guard_before_mpi): the job ends at
 // once, naming it, unless every rank ends this way.
 void join_mpi_at_exit(int status) {
+    if (!other_mpi_library().empty()) return;  // this process's MPI is another's
     const double stall = stall_before_init();
     const double wait = stall > 0 ? stall : 60;
     static std::atomic<bool> joined{false};
@@ -251,6 +252,7 @@ void initialize(int* argc, char*** argv, const SessionOptions& opts, const char*
     std::lock_guard lock(init_mutex);
     auto& s = state();
     if (s.ready) return;
+    check_one_mpi_library(call);  // before any call into MPI
     int flag = 0;
     MPI_Finalized(&flag);
     if (flag) fail(call, "MPI has been finalized; no mpiml call may follow MPI_Finalize");
@@ -338,7 +340,7 @@ Session::Session(int& argc, char**& argv, SessionOptions opts) { start(&argc, &a
 
 void Session::start(int* argc, char*** argv, const SessionOptions& opts) {
     auto& s = state();
-    const bool was_initialized = is_initialized();
+    const bool started_before = s.we_initialized;
     if (s.ready) {
         // Started before (an earlier mpiml call): what only start-up sets cannot change.
         const auto late = [&](const std::string& what) {
@@ -352,9 +354,9 @@ void Session::start(int* argc, char*** argv, const SessionOptions& opts) {
             late(std::string("asks for abort_on_failure = ") + (opts.abort_on_failure ? "true" : "false") +
                  ", but it is " + (s.abort_on_failure ? "true" : "false"));
     } else {
-        detail::initialize(argc, argv, opts);
+        detail::initialize(argc, argv, opts, "mpiml::Session");
     }
-    owns_ = !was_initialized && s.we_initialized;
+    owns_ = !started_before && s.we_initialized;  // this Session started MPI
     if (opts.timeout) set_timeout(*opts.timeout);
     if (opts.check) s.check = *opts.check;
     previous_comm_ = s.default_comm;

@@ -51,6 +51,12 @@ void inject_on_collective();
 /// the ranks that start it and ends the job when they do (session.cpp).
 void join_mpi_at_exit(int status);
 
+/// A second MPI library in this process (another MPI_Init than mpiml's,
+/// e.g. mpi4py built for another MPI): what to tell the user, or "" when
+/// there is none (mpi_library.cpp). check_one_mpi_library throws it.
+std::string other_mpi_library();
+void check_one_mpi_library(const char* call);
+
 /// Cleanup run before MPI_Finalize (attribute delete callback on MPI_COMM_SELF).
 void register_finalize_hook(void (*fn)());
 
