@@ -61,11 +61,20 @@ build_tsan() {
 # scheduling class (chrt --idle): on the CPU time the tests leave, at some
 # cost to the tests' speed (caches, memory), none to their priority. Each
 # writes its status to <dir>.status; a stage waits for its build.
-rm -f "$mpich.status" "$asan.status" "$tsan.status"
+# Last, the MPICH build again with the Python package and the LibTorch layer
+# (not their C++ tests): only what they add is built, after the stages that
+# run the MPICH build's tests.
+mpich_py=$root/build-mpich-python
+build_mpich_py() {
+  cmake -S "$root" -B "$mpich" -DMPIML_WITH_TORCH=ON -DMPIML_WITH_PYTHON=ON -DMPIML_BUILD_TORCH_TESTS=OFF \
+    > "$mpich_py-configure.log" 2>&1 &&
+    cmake --build "$mpich" -j"$(nproc)" > "$mpich_py-build.log" 2>&1
+}
+rm -f "$mpich.status" "$asan.status" "$tsan.status" "$mpich_py.status"
 (
   chrt --idle -p 0 "$BASHPID" > /dev/null 2>&1 || echo "chrt --idle failed: the builds run beside the tests at normal priority"
-  for b in mpich asan tsan; do
-    "build_$b"; echo $? > "$root/build-$b.status"
+  for b in mpich asan tsan mpich_py; do
+    "build_$b"; echo $? > "${!b}.status"
   done
 ) &
 builds=$!
@@ -150,6 +159,19 @@ if built "$tsan"; then
   count "$log"
 else
   echo "ThreadSanitizer build FAILED"; tail -30 "$tsan-configure.log" "$tsan-build.log"; failed=$((failed + 1))
+fi
+
+# Debian's mpi4py is built for Open MPI: the suites that compare with it run
+# with Open MPI only.
+stage "the Python package against MPICH: the backend, Hydra and the launcher's signals, a second MPI library"
+if built "$mpich_py"; then
+  log=$mpich/ctest-python.log
+  ctest --test-dir "$mpich" --output-on-failure -L python -j2 \
+    -R '^(pytest_(smoke|c10d|c10d_ddp|c10d_comm_hooks|c10d_profiler)\.np2|c10d_timeout\.np2|pytest_(one_mpi|jobs_signals|pyprofile)\.np1)$' \
+    2>&1 | tee "$log" | grep -vE "^\s*(Start|[0-9]+/[0-9]+ Test)" | tail -8
+  count "$log"
+else
+  echo "MPICH build with Python FAILED"; tail -30 "$mpich_py-configure.log" "$mpich_py-build.log"; failed=$((failed + 1))
 fi
 
 if [ "${MPIML_LEARNING_CHECK:-1}" = 1 ] && [ -x "$root/scripts/check_learning.sh" ]; then

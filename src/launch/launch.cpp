@@ -399,6 +399,14 @@ void on_signal(int sig, siginfo_t* info, void*) {
 
 constexpr int passed_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
 
+// The job's status, as a shell gives it. A job ended by SIGTERM, SIGINT or
+// SIGHUP sent to this process is not a success, even where the launcher
+// says 0 (Hydra's mpiexec after a SIGTERM): 128 + the signal.
+int launcher_status(int status) {
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+    return code == 0 && interrupted ? 128 + interrupted : code;
+}
+
 // While the launcher runs, this process passes the signals above on to it.
 class PassSignals {
 public:
@@ -474,7 +482,7 @@ int spawn_and_wait(const LaunchPlan& plan, std::vector<std::string> argv, std::v
         if (errno != EINTR) fail(call_name, std::string("waitpid: ") + std::strerror(errno));
     }
     running_launcher = 0;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+    return launcher_status(status);
 }
 
 std::string first_line(const std::string& path) {
@@ -657,7 +665,7 @@ int run_once(const LaunchPlan& plan, const char* who) {
         }
     }
     running_launcher = 0;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+    return launcher_status(status);
 }
 
 }  // namespace detail
