@@ -19,49 +19,40 @@ def _other_mpi():
 
 
 ONE_MPI = """
-    import ctypes, importlib.util, os, sys
+    import ctypes, importlib, importlib.util, os, sys
     def load_other():  # as an mpi4py built for the other MPI would
         try:
             ctypes.CDLL("{other}", mode=os.RTLD_LOCAL)
         except OSError:
             print("not installed")
             sys.exit(0)
-    if "{order}" == "mpi4py first":  # the seed's scripts import mpi4py first
-        if importlib.util.find_spec("mpi4py") is None:
-            print("no mpi4py")
-            sys.exit(0)
-        from mpi4py import MPI
+    def second(name):  # the module, or None when its import was refused
         try:
-            import mpiml
+            return importlib.import_module(name)
         except ImportError as e:
             print("refused: %s: %s" % (type(e).__name__, e))
-        else:
-            assert mpiml.proc_id() == MPI.COMM_WORLD.Get_rank() and mpiml.num_procs() == MPI.COMM_WORLD.Get_size()
-            print("imported: one MPI")
-        sys.exit(0)
-    if "{order}" == "mpiml second":
-        load_other()
-        try:
-            import mpiml
-        except ImportError as e:
-            print("refused: %s: %s" % (type(e).__name__, e))
-        else:
-            print("imported")
-        sys.exit(0)
-    import mpiml  # noqa: E402
-    rank = mpiml.proc_id()
-    if importlib.util.find_spec("mpi4py") is None:
+    order = "{order}"
+    if order != "mpiml second" and importlib.util.find_spec("mpi4py") is None:
         print("no mpi4py")
         sys.exit(0)
-    load_other()
-    try:
+    if order == "mpi4py first":  # the seed's scripts import mpi4py first
         from mpi4py import MPI
-    except ImportError as e:
-        print("refused: %s: %s" % (type(e).__name__, e))
+        mpiml = second("mpiml")
+        if mpiml:
+            assert mpiml.proc_id() == MPI.COMM_WORLD.Get_rank() and mpiml.num_procs() == MPI.COMM_WORLD.Get_size()
+            print("imported: one MPI")
+    elif order == "mpiml second":
+        load_other()
+        if second("mpiml"):
+            print("imported")
     else:
-        print("imported")
-    assert mpiml.mpi_sum(1) == mpiml.num_procs()  # mpiml's MPI goes on
-    print("rank %d goes on" % rank)
+        import mpiml
+        rank = mpiml.proc_id()
+        load_other()
+        if second("mpi4py.MPI"):
+            print("imported")
+        assert mpiml.mpi_sum(1) == mpiml.num_procs()  # mpiml's MPI goes on
+        print("rank %d goes on" % rank)
     """
 
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/state.hpp"
-#include "mpiml/error.hpp"
+#include <mpiml/error.hpp>
 
 namespace mpiml::detail {
 namespace {
