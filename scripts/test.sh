@@ -62,15 +62,18 @@ build_tsan() {
 # cost to the tests' speed (caches, memory), none to their priority. Each
 # writes its status to <dir>.status; a stage waits for its build.
 # Last, the MPICH build again with the Python package and the LibTorch layer
-# (not their C++ tests): only what they add is built, after the stages that
-# run the MPICH build's tests.
+# (not their C++ tests): only what they add is built, in the same tree, so it
+# waits until the stage that runs that tree's tests is done with it
+# (<dir>.tested); reconfiguring it earlier would add tests that are not built
+# yet to that stage and relink what it runs.
 mpich_py=$root/build-mpich-python
 build_mpich_py() {
+  while [ ! -f "$mpich.tested" ]; do kill -0 $$ 2> /dev/null || return 1; sleep 2; done
   cmake -S "$root" -B "$mpich" -DMPIML_WITH_TORCH=ON -DMPIML_WITH_PYTHON=ON -DMPIML_BUILD_TORCH_TESTS=OFF \
     > "$mpich_py-configure.log" 2>&1 &&
     cmake --build "$mpich" -j"$(nproc)" > "$mpich_py-build.log" 2>&1
 }
-rm -f "$mpich.status" "$asan.status" "$tsan.status" "$mpich_py.status"
+rm -f "$mpich.status" "$mpich.tested" "$asan.status" "$tsan.status" "$mpich_py.status"
 (
   chrt --idle -p 0 "$BASHPID" > /dev/null 2>&1 || echo "chrt --idle failed: the builds run beside the tests at normal priority"
   for b in mpich asan tsan mpich_py; do
@@ -114,6 +117,7 @@ if built "$mpich"; then
 else
   echo "MPICH build FAILED"; tail -30 "$mpich-configure.log" "$mpich-build.log"; failed=$((failed + 1))
 fi
+touch "$mpich.tested"
 
 # A test script's "<what>: P passed, F failed" line; skipped (no root or no ip
 # netns) counts as neither passed nor failed, and says so.
