@@ -12,10 +12,10 @@ mpiml_add_pytest(NAME pytest_jobs FILE tests/test_jobs.py RANKS 1 TIMEOUT 600 EN
 # starts the cases of highest COST first, so that this one does not end the run alone.
 set_tests_properties(pytest_jobs.np1 PROPERTIES COST 1000)
 # MPICH: the signals a batch system sends to the process the user started,
-# through Hydra (pytest_jobs runs them with Open MPI's mpirun).
+# through Hydra (which ends the job on SIGUSR2: mpiml hands that one to the ranks) (pytest_jobs runs them with Open MPI's mpirun).
 if(MPIML_MPI_VENDOR STREQUAL "MPICH")
   mpiml_add_pytest(NAME pytest_jobs_signals FILE tests/test_jobs.py RANKS 1 TIMEOUT 300 ENV ${_jobs_env}
-    ARGS -k "sigterm_to_the_front or ctrl_c_on_the_launcher")
+    ARGS -k "sigterm_to_the_front or sigusr1_and_sigusr2_to_the_front or ctrl_c_on_the_launcher")
 endif()
 # GradAverager(overlap=True): equivalence and bit-identity (communication thread).
 mpiml_add_pytest(NAME pytest_overlap FILE tests/test_overlap.py RANKS 2 3 TIMEOUT 120)

@@ -7,7 +7,9 @@
 #include <mpiml/session.hpp>
 #include <mpiml/stop.hpp>
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -385,16 +387,117 @@ namespace {
 
 volatile std::sig_atomic_t interrupted = 0;
 volatile pid_t running_launcher = 0;
+// Hydra's mpiexec ends the job on SIGUSR2 instead of handing it on: under
+// Hydra the handler writes to this pipe and spawn_and_wait hands the signal
+// to the ranks of this host itself.
+volatile std::sig_atomic_t usr2_to_ranks = 0;
+int usr2_pipe[2] = {-1, -1};
 void on_signal(int sig, siginfo_t* info, void*) {
     // SIGTERM, SIGINT and SIGHUP end the job for good (no restart); SIGUSR1
     // (a report) and SIGUSR2 only pass through: mpirun and srun hand them to
     // the ranks. Ctrl-C and a hang-up from the terminal reach the launcher
     // by themselves (its process group); the same signals sent to this
     // process alone are passed on.
+    const int saved_errno = errno;
     const bool from_terminal = info && info->si_code == SI_KERNEL;
     if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) interrupted = sig;
-    if (running_launcher > 0 && !((sig == SIGINT || sig == SIGHUP) && from_terminal))
+    if (sig == SIGUSR2 && usr2_to_ranks && usr2_pipe[1] >= 0) {
+        [[maybe_unused]] const ssize_t w = ::write(usr2_pipe[1], "u", 1);
+    } else if (running_launcher > 0 && !((sig == SIGINT || sig == SIGHUP) && from_terminal)) {
         ::kill(running_launcher, sig);
+    }
+    errno = saved_errno;
+}
+
+// The processes of this host that Hydra's proxies started under the launcher
+// `launcher`: the ranks (a proxy's children, the program itself).
+std::vector<pid_t> local_ranks_of(pid_t launcher) {
+    struct Proc {
+        pid_t ppid;
+        bool proxy;
+    };
+    std::vector<std::pair<pid_t, Proc>> procs;
+    if (DIR* d = ::opendir("/proc")) {
+        while (const dirent* e = ::readdir(d)) {
+            char* end = nullptr;
+            const long pid = std::strtol(e->d_name, &end, 10);
+            if (pid <= 0 || *end != '\0') continue;
+            std::ifstream f(std::string("/proc/") + e->d_name + "/stat");
+            std::string stat;
+            if (!std::getline(f, stat)) continue;
+            const auto open = stat.find('('), close = stat.rfind(')');
+            if (open == std::string::npos || close == std::string::npos || close + 4 > stat.size()) continue;
+            const std::string comm = stat.substr(open + 1, close - open - 1);
+            const long ppid = std::strtol(stat.c_str() + close + 4, nullptr, 10);
+            procs.push_back({static_cast<pid_t>(pid), {static_cast<pid_t>(ppid), comm == "hydra_pmi_proxy"}});
+        }
+        ::closedir(d);
+    }
+    auto find = [&](pid_t pid) -> const Proc* {
+        for (const auto& [p, info] : procs)
+            if (p == pid) return &info;
+        return nullptr;
+    };
+    auto under_launcher = [&](pid_t pid) {
+        for (int depth = 0; depth < 64 && pid > 1; ++depth) {
+            if (pid == launcher) return true;
+            const Proc* p = find(pid);
+            if (!p) return false;
+            pid = p->ppid;
+        }
+        return false;
+    };
+    std::vector<pid_t> ranks;
+    for (const auto& [pid, info] : procs) {
+        const Proc* parent = find(info.ppid);
+        if (parent && parent->proxy && under_launcher(info.ppid)) ranks.push_back(pid);
+    }
+    return ranks;
+}
+
+void hand_usr2_to_local_ranks(pid_t launcher) {
+    const auto ranks = local_ranks_of(launcher);
+    for (const pid_t r : ranks) ::kill(r, SIGUSR2);
+    if (ranks.empty())
+        std::fprintf(stderr,
+                     "[mpiml] SIGUSR2: no rank of this job runs on this host, and MPICH's mpiexec would end the "
+                     "job on it: not passed on; send SIGUSR2 to a rank (for should_stop one rank is enough)\n");
+}
+
+// Under Hydra, from now on SIGUSR2 goes to this host's ranks (on_signal).
+void hand_usr2_under(const LaunchPlan& plan) {
+    if (plan.kind == LauncherKind::mpich && usr2_pipe[0] < 0 && ::pipe2(usr2_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+        usr2_pipe[0] = usr2_pipe[1] = -1;
+    usr2_to_ranks = plan.kind == LauncherKind::mpich && usr2_pipe[0] >= 0;
+}
+
+// True if SIGUSR2 arrived since the last call (drains the pipe).
+bool usr2_arrived() {
+    char drain[64];
+    bool any = false;
+    while (::read(usr2_pipe[0], drain, sizeof drain) > 0) any = true;
+    return any;
+}
+
+// The launcher's wait status; meanwhile, under Hydra, SIGUSR2 goes to the ranks.
+int wait_for_launcher(pid_t pid, const char* who) {
+    int status = 0;
+    for (;;) {
+        const pid_t w = ::waitpid(pid, &status, usr2_to_ranks ? WNOHANG : 0);
+        if (w == pid) break;
+        if (w < 0 && errno != EINTR) {
+            usr2_to_ranks = 0;
+            running_launcher = 0;
+            fail(who, std::string("waitpid: ") + std::strerror(errno));
+        }
+        if (w == 0) {
+            pollfd pf{usr2_pipe[0], POLLIN, 0};
+            if (::poll(&pf, 1, 200) > 0 && usr2_arrived()) hand_usr2_to_local_ranks(pid);
+        }
+    }
+    usr2_to_ranks = 0;
+    running_launcher = 0;
+    return status;
 }
 
 constexpr int passed_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
@@ -433,6 +536,7 @@ private:
 // that name a rank ending on a signal or a lost host are kept in `noticed`.
 int spawn_and_wait(const LaunchPlan& plan, std::vector<std::string> argv, std::vector<std::string> env,
                    std::string& noticed) {
+    hand_usr2_under(plan);
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) fail(call_name, std::string("pipe: ") + std::strerror(errno));
     pid_t pid = 0;
@@ -441,6 +545,7 @@ int spawn_and_wait(const LaunchPlan& plan, std::vector<std::string> argv, std::v
     if (rc == 0 && interrupted) ::kill(pid, interrupted);  // arrived while it started
     if (rc != 0) {
         ::close(fds[0]);
+        usr2_to_ranks = 0;
         fail(call_name, "cannot start " + plan.launcher + ": " + std::strerror(rc));
     }
     std::string line;
@@ -460,7 +565,16 @@ int spawn_and_wait(const LaunchPlan& plan, std::vector<std::string> argv, std::v
                           l.find("Killed") != std::string::npos))
             noticed = l;
     };
-    while ((k = ::read(fds[0], buf, sizeof buf)) != 0) {
+    for (;;) {
+        pollfd pf[2] = {{fds[0], POLLIN, 0}, {usr2_to_ranks ? usr2_pipe[0] : -1, POLLIN, 0}};
+        if (::poll(pf, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if ((pf[1].revents & POLLIN) && usr2_arrived()) hand_usr2_to_local_ranks(pid);
+        if (!(pf[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        k = ::read(fds[0], buf, sizeof buf);
+        if (k == 0) break;
         if (k < 0) {
             if (errno == EINTR) continue;
             break;
@@ -477,12 +591,7 @@ int spawn_and_wait(const LaunchPlan& plan, std::vector<std::string> argv, std::v
     }
     keep(line);
     ::close(fds[0]);
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0) {
-        if (errno != EINTR) fail(call_name, std::string("waitpid: ") + std::strerror(errno));
-    }
-    running_launcher = 0;
-    return launcher_status(status);
+    return launcher_status(wait_for_launcher(pid, call_name));
 }
 
 std::string first_line(const std::string& path) {
@@ -653,19 +762,15 @@ int run_once(const LaunchPlan& plan, const char* who) {
     pid_t pid = 0;
     interrupted = 0;
     PassSignals passing;
+    hand_usr2_under(plan);
     const int rc = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), envp.data());
-    if (rc != 0) fail(who, "cannot start " + plan.launcher + ": " + std::strerror(rc));
+    if (rc != 0) {
+        usr2_to_ranks = 0;
+        fail(who, "cannot start " + plan.launcher + ": " + std::strerror(rc));
+    }
     running_launcher = pid;
     if (interrupted) ::kill(pid, interrupted);  // arrived while it started
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0) {
-        if (errno != EINTR) {
-            running_launcher = 0;
-            fail(who, std::string("waitpid: ") + std::strerror(errno));
-        }
-    }
-    running_launcher = 0;
-    return launcher_status(status);
+    return launcher_status(wait_for_launcher(pid, who));
 }
 
 }  // namespace detail
