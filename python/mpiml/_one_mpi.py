@@ -3,7 +3,8 @@
 beside mpiml's, which shares nothing with it: a crash, or every rank a job
 of its own. Whichever of ``import mpiml`` and ``import mpi4py.MPI`` comes
 second raises MPILibraryError (an ImportError) naming both libraries,
-before either starts MPI."""
+before either starts MPI. With mpiml first, the MPI start in mpi4py's
+import is watched as mpiml's own."""
 import ctypes
 import importlib.abc
 import importlib.machinery
@@ -20,9 +21,33 @@ def check(call):
         raise MPILibraryError("%s: %s" % (call, other))
 
 
+class _WatchedStart(importlib.abc.Loader):
+    """mpi4py.MPI's loader, with MPI's start (in the module's init) watched
+    as mpiml's own: a rank of this host that ended before it started MPI,
+    MPIML_TIMEOUT, the stall line (docs/RELIABILITY.md)."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        _core._begin_foreign_init()
+        try:
+            return self._loader.create_module(spec)
+        except BaseException:
+            _core._end_foreign_init()
+            raise
+
+    def exec_module(self, module):
+        try:
+            self._loader.exec_module(module)
+        finally:
+            _core._end_foreign_init()
+
+
 class _Mpi4pyGuard(importlib.abc.MetaPathFinder):
     """Loads mpi4py.MPI's shared object (MPI starts only when the module
-    runs) and checks the libraries before its import goes on."""
+    runs) and checks the libraries before its import goes on; then its MPI
+    start is watched."""
 
     def find_spec(self, fullname, path, target=None):
         if fullname != "mpi4py.MPI":
@@ -34,6 +59,7 @@ class _Mpi4pyGuard(importlib.abc.MetaPathFinder):
             except OSError:
                 return spec  # its own import says what is wrong
             check("import mpi4py.MPI")
+            spec.loader = _WatchedStart(spec.loader)
         return spec
 
 

@@ -31,7 +31,7 @@
 
 #include "common.hpp"
 #include "core/op.hpp"     // src/: the registry of ops
-#include "core/state.hpp"  // other_mpi_library
+#include "core/state.hpp"  // other_mpi_library, begin_foreign_init
 #include "core/types.hpp"  // and of element types
 
 namespace py = pybind11;
@@ -489,6 +489,9 @@ PYBIND11_MODULE(_core, m) {
 
     m.def("init", &ensure_initialized_py, "Initializes MPI (THREAD_MULTIPLE) unless already initialized.");
     m.def("_other_mpi_library", [] { return detail::other_mpi_library(); });
+    // Around mpi4py's import, which starts MPI: watched as mpiml's own start.
+    m.def("_begin_foreign_init", [] { detail::begin_foreign_init(); });
+    m.def("_end_foreign_init", [] { detail::end_foreign_init(); });
     m.def("is_initialized", [] { return is_initialized(); });
     m.def("is_finalized", [] { return is_finalized(); });
     m.def("thread_level", &thread_level_now);

@@ -433,8 +433,10 @@ BEFORE_INIT = """
     if os.environ["OMPI_COMM_WORLD_RANK"] == "1":
         {late}  # before MPI started
     time.sleep(3)
-    mt.mpi_sum(np.ones(3))  # starts MPI: MPI_Init waits for rank 1
+    {start}  # starts MPI: MPI_Init waits for rank 1
+    mt.mpi_sum(np.ones(3))
     """
+STARTS = {"mpiml": "pass", "mpi4py": "from mpi4py import MPI"}
 
 
 def test_a_rank_that_ends_before_mpi_starts_ends_the_job(tmp_path):
@@ -443,18 +445,22 @@ def test_a_rank_that_ends_before_mpi_starts_ends_the_job(tmp_path):
     and ends the job, naming itself, without a timeout."""
     if "--oversubscribe" not in mpirun(1):
         pytest.skip("the script reads Open MPI's rank variable")
-    script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late="sys.exit(0)"))
+    script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late="sys.exit(0)", start="pass"))
     out = run_failing(mpirun(2, PY, script), 15)
     assert re.search(r"\[mpiml\] rank 1/2: exited with status 0 \(host [^)]+\) before it started MPI, while "
                      r"rank 0 starts MPI - aborting the job", out), out
 
 
-def test_a_rank_that_ends_before_mpi_starts_without_exit_handlers_ends_the_job(tmp_path):
+@pytest.mark.parametrize("start", ["mpiml", "mpi4py"])
+def test_a_rank_that_ends_before_mpi_starts_without_exit_handlers_ends_the_job(tmp_path, start):
     """os._exit runs no exit handler: the rank of the same host that waits
-    sees it gone and ends the job, naming it, without a timeout."""
+    sees it gone and ends the job, naming it, without a timeout; also where
+    mpi4py's import (after mpiml's) starts MPI."""
     if "--oversubscribe" not in mpirun(1):
         pytest.skip("the script reads Open MPI's rank variable")
-    script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late="os._exit(0)"))
+    if start == "mpi4py" and importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("mpi4py is not installed")
+    script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late="os._exit(0)", start=STARTS[start]))
     out = run_failing(mpirun(2, PY, script), 15)
     assert re.search(r"\[mpiml\] rank \?: (rank 1 \(pid \d+\)|local rank 1 of 2) on this host ended before "
                      r"it started MPI, and MPI_Init_thread \(rank 0 of the launcher\) would wait for it "
@@ -570,13 +576,16 @@ def test_a_rank_whose_launcher_is_killed_ends_itself(tmp_path):
             p.wait()
 
 
-def test_a_rank_that_starts_mpi_late_is_a_timeout_in_mpi_init(tmp_path):
+@pytest.mark.parametrize("start", ["mpiml", "mpi4py"])
+def test_a_rank_that_starts_mpi_late_is_a_timeout_in_mpi_init(tmp_path, start):
     """With MPIML_TIMEOUT the watchdog ends the wait in MPI_Init for a rank
     that has not started MPI (after at least 10 s), naming the rank that
-    waits."""
+    waits; also in mpi4py's import after mpiml's."""
     if "--oversubscribe" not in mpirun(1):
         pytest.skip("the script reads Open MPI's rank variable")
-    script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late="time.sleep(60)"))
+    if start == "mpi4py" and importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("mpi4py is not installed")
+    script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late="time.sleep(60)", start=STARTS[start]))
     out = run_failing(mpirun(2, PY, script), 25, env=clean_env(MPIML_TIMEOUT="4"))
     assert re.search(r"watchdog: MPI_Init_thread waited [\d.]+ s, past the timeout of 10 s \(rank 0 of "
                      r"the launcher\); a rank may have ended before it started MPI", out), out
@@ -610,7 +619,7 @@ def test_a_rank_that_starts_mpi_late_is_a_stall_line_without_a_timeout(tmp_path)
     job goes on (ended here by the test)."""
     if "--oversubscribe" not in mpirun(1):
         pytest.skip("the script reads Open MPI's rank variable")
-    script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late="time.sleep(60)"))
+    script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late="time.sleep(60)", start="pass"))
     p = subprocess.Popen(mpirun(2, PY, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=clean_env(MPIML_STALL_WARNING="2"), start_new_session=True)
     try:

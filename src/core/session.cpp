@@ -244,6 +244,36 @@ void join_mpi_at_exit(int status) {
 }
 
 namespace {
+struct ForeignInit {
+    std::optional<DoorWatch> watch;
+    std::optional<InitWait> wait;
+};
+std::mutex foreign_init_mutex;
+std::optional<ForeignInit> foreign_init;
+}  // namespace
+
+// Another library's MPI_Init (mpi4py's import) is watched as mpiml's own.
+void begin_foreign_init() {
+    std::lock_guard lock(foreign_init_mutex);
+    int flag = 0;
+    MPI_Initialized(&flag);
+    if (flag || foreign_init || launcher_size() <= 1 || !other_mpi_library().empty()) return;
+    start_daemon_watch();
+    auto& w = foreign_init.emplace();
+    const double timeout = timeout_before_init(SessionOptions{});
+    if (timeout > 0) w.watch.emplace("MPI_Init_thread", timeout, launcher_rank_text());
+    try {
+        w.wait.emplace(timeout > 0 ? 0 : stall_before_init(), launcher_rank_text());
+    } catch (const std::system_error&) {  // no thread: MPI starts as before
+    }
+}
+
+void end_foreign_init() {
+    std::lock_guard lock(foreign_init_mutex);
+    foreign_init.reset();
+}
+
+namespace {
 
 // Registered after atexit_finalize, so it runs first and the guard knows the status.
 void record_exit_status(int status, void*) { set_exit_status(status); }

@@ -51,6 +51,12 @@ void inject_on_collective();
 /// the ranks that start it and ends the job when they do (session.cpp).
 void join_mpi_at_exit(int status);
 
+/// Around another library's MPI_Init (mpi4py's import): the watch of
+/// mpiml's own start (a rank of this host that ended, MPIML_TIMEOUT, the
+/// stall line, the launcher's daemon). Nothing once MPI runs (session.cpp).
+void begin_foreign_init();
+void end_foreign_init();
+
 /// A second MPI library in this process (another MPI_Init than mpiml's,
 /// e.g. mpi4py built for another MPI): what to tell the user, or "" when
 /// there is none (mpi_library.cpp). check_one_mpi_library throws it.
