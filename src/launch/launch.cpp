@@ -388,8 +388,8 @@ namespace {
 volatile std::sig_atomic_t interrupted = 0;
 volatile pid_t running_launcher = 0;
 // Hydra's mpiexec ends the job on SIGUSR2 instead of handing it on: under
-// Hydra the handler writes to this pipe and spawn_and_wait hands the signal
-// to the ranks of this host itself.
+// Hydra the handler writes to this pipe, and the loop that waits for the
+// launcher hands the signal to the ranks of this host itself.
 volatile std::sig_atomic_t usr2_to_ranks = 0;
 int usr2_pipe[2] = {-1, -1};
 void on_signal(int sig, siginfo_t* info, void*) {
