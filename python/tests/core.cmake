@@ -2,7 +2,9 @@
 mpiml_add_pytest(NAME pytest_smoke FILE tests/test_smoke.py RANKS 1 2)
 mpiml_add_pytest(NAME pytest_mpi_tools FILE tests/test_mpi_tools.py RANKS 1 2 3 TIMEOUT 120)
 mpiml_add_pytest(NAME pytest_mpi_pytorch FILE tests/test_mpi_pytorch.py RANKS 1 2 3 TIMEOUT 120)
-# Launches its own mpirun jobs (failures, import orders, mpi_fork): one rank.
+# Launches its own jobs with the build's launcher (failures, signals, import
+# orders, mpi_fork), Hydra too: one rank. The cases with mpi4py skip where it
+# uses another MPI (Debian's is built for Open MPI).
 set(_jobs_env MPIML_RUN=$<TARGET_FILE:mpiml-run>)
 if(TARGET mpiml-ppo)
   list(APPEND _jobs_env MPIML_PPO=$<TARGET_FILE:mpiml-ppo>)
@@ -11,12 +13,6 @@ mpiml_add_pytest(NAME pytest_jobs FILE tests/test_jobs.py RANKS 1 TIMEOUT 600 EN
 # The longest case (minutes): ctest, which has no timings on a fresh build,
 # starts the cases of highest COST first, so that this one does not end the run alone.
 set_tests_properties(pytest_jobs.np1 PROPERTIES COST 1000)
-# MPICH: the signals a batch system sends to the process the user started,
-# through Hydra (which ends the job on SIGUSR2: mpiml hands that one to the ranks) (pytest_jobs runs them with Open MPI's mpirun).
-if(MPIML_MPI_VENDOR STREQUAL "MPICH")
-  mpiml_add_pytest(NAME pytest_jobs_signals FILE tests/test_jobs.py RANKS 1 TIMEOUT 300 ENV ${_jobs_env}
-    ARGS -k "sigterm_to_the_front or sigusr1_and_sigusr2_to_the_front or ctrl_c_on_the_launcher")
-endif()
 # GradAverager(overlap=True): equivalence and bit-identity (communication thread).
 mpiml_add_pytest(NAME pytest_overlap FILE tests/test_overlap.py RANKS 2 3 TIMEOUT 120)
 # Two MPI libraries in one process (an mpi4py built for another MPI): refused.

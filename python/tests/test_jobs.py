@@ -31,6 +31,29 @@ def clean_env(drop=("MPIML_TIMEOUT",), **extra):
     return env
 
 
+def mpi4py_unusable():
+    """Why mpi4py cannot run beside mpiml here (not installed, or built for
+    another MPI library, as Debian's is for Open MPI), or None."""
+    global _MPI4PY
+    if _MPI4PY is False:
+        if importlib.util.find_spec("mpi4py") is None:
+            _MPI4PY = "mpi4py is not installed"
+        else:  # mpiml's import guard checks mpi4py.MPI's library before MPI starts
+            p = subprocess.run([PY, "-c", "import importlib.util, mpiml; importlib.util.find_spec('mpi4py.MPI')"],
+                               capture_output=True, text=True, timeout=60, env=clean_env())
+            _MPI4PY = None if p.returncode == 0 else "mpi4py does not use mpiml's MPI: " + p.stderr[-300:]
+    return _MPI4PY
+
+
+_MPI4PY = False
+
+
+def skip_without_mpi4py():
+    why = mpi4py_unusable()
+    if why:
+        pytest.skip(why)
+
+
 def mpirun(n, *args):
     cmd = [MPIRUN, "-np", str(n)]
     out = subprocess.run([MPIRUN, "--version"], capture_output=True, text=True).stdout
@@ -128,6 +151,7 @@ ORDER = """
 
 @pytest.mark.parametrize("mpi4py_first", [True, False])
 def test_import_orders_with_mpi4py(tmp_path, mpi4py_first):
+    skip_without_mpi4py()
     a = "from mpi4py import MPI"
     b = "import mpiml, mpiml.mpi_tools as mt; mt.proc_id()"
     first, second = (a, b) if mpi4py_first else (b, a)
@@ -192,6 +216,7 @@ def test_mpi_fork_after_mpi4py_started_mpi(tmp_path, mpi4py_first):
     # mpi4py's import starts MPI as a singleton, which sets the variables a
     # launcher sets; mpi_fork must still start the ranks. An Open MPI setting
     # the program put in os.environ before the import reaches the ranks.
+    skip_without_mpi4py()
     order = ["from mpi4py import MPI", "import mpiml.mpi_tools as mt"]
     if not mpi4py_first:
         order.reverse()
@@ -239,14 +264,16 @@ def test_mpi_fork_in_a_task_of_a_plain_srun_step_refuses(tmp_path):
 
 
 @pytest.mark.parametrize("chosen, want", [
-    ({}, ["--mpi=pmix", "--kill-on-bad-exit=1"]),
+    ({}, ["PLUGIN", "--kill-on-bad-exit=1"]),
     ({"SLURM_MPI_TYPE": "pmix_v4"}, ["--kill-on-bad-exit=1"]),
     ({"MPIML_MPIRUN_FLAGS": "--mpi=none"}, ["--kill-on-bad-exit=1", "--mpi=none"]),
 ])
 def test_mpi_fork_with_srun_picks_the_mpi_plugin(tmp_path, chosen, want):
     # MPIML_MPIRUN=srun in a batch script: a stand-in srun that answers
     # --version as Slurm's does; the plan is srun -n 4 with the linked MPI's
-    # plugin (Open MPI: pmix) unless the user chose one
+    # plugin (Open MPI: pmix, MPICH: pmi2) unless the user chose one
+    plugin = "--mpi=pmix" if "--oversubscribe" in mpirun(1) else "--mpi=pmi2"
+    want = [plugin if w == "PLUGIN" else w for w in want]
     srun = tmp_path / "srun"
     srun.write_text('#!/bin/sh\necho "slurm 22.05.8"\n')
     srun.chmod(0o755)
@@ -414,8 +441,8 @@ def test_a_rank_that_ends_before_the_first_collective_ends_the_job(tmp_path, n, 
     """The others wait in their first collective, where mpiml sets itself up
     (with mpi4py first) or right after MPI_Init: the job ends, naming the rank
     that ended, whether or not it made an mpiml call."""
-    if mpi4py_first and importlib.util.find_spec("mpi4py") is None:
-        pytest.skip("mpi4py is not installed")
+    if mpi4py_first:
+        skip_without_mpi4py()
     faulty, status = n - 1, 3 if n == 2 else 0
     script = write(tmp_path, "before.py", BEFORE.format(mpi4py_first=mpi4py_first, touched=touched,
                                                        faulty=faulty, status=status, late=late))
@@ -430,7 +457,7 @@ BEFORE_INIT = """
     import os, sys, time
     import numpy as np
     import mpiml.mpi_tools as mt
-    if os.environ["OMPI_COMM_WORLD_RANK"] == "1":
+    if (os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ["PMI_RANK"]) == "1":
         {late}  # before MPI started
     time.sleep(3)
     {start}  # starts MPI: MPI_Init waits for rank 1
@@ -443,8 +470,6 @@ def test_a_rank_that_ends_before_mpi_starts_ends_the_job(tmp_path):
     """MPI_Init itself waits for every rank, and the launchers do not end a
     job whose rank ended with status 0: the rank starts MPI on its way out
     and ends the job, naming itself, without a timeout."""
-    if "--oversubscribe" not in mpirun(1):
-        pytest.skip("the script reads Open MPI's rank variable")
     script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late="sys.exit(0)", start="pass"))
     out = run_failing(mpirun(2, PY, script), 15)
     assert re.search(r"\[mpiml\] rank 1/2: exited with status 0 \(host [^)]+\) before it started MPI, while "
@@ -456,10 +481,8 @@ def test_a_rank_that_ends_before_mpi_starts_without_exit_handlers_ends_the_job(t
     """os._exit runs no exit handler: the rank of the same host that waits
     sees it gone and ends the job, naming it, without a timeout; also where
     mpi4py's import (after mpiml's) starts MPI."""
-    if "--oversubscribe" not in mpirun(1):
-        pytest.skip("the script reads Open MPI's rank variable")
-    if start == "mpi4py" and importlib.util.find_spec("mpi4py") is None:
-        pytest.skip("mpi4py is not installed")
+    if start == "mpi4py":
+        skip_without_mpi4py()
     script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late="os._exit(0)", start=STARTS[start]))
     out = run_failing(mpirun(2, PY, script), 15)
     assert re.search(r"\[mpiml\] rank \?: (rank 1 \(pid \d+\)|local rank 1 of 2) on this host ended before "
@@ -481,6 +504,28 @@ def test_ranks_that_all_end_before_mpi_starts_end_as_usual(tmp_path):
     p = subprocess.run(mpirun(3, PY, script), capture_output=True, text=True, timeout=60, env=clean_env())
     assert p.returncode == 0, p.stdout + p.stderr
     assert "[mpiml]" not in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+NESTED = """
+    import os, subprocess, sys
+    import mpiml  # marks this rank's process; the job below inherits the mark
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "HYDI_"))
+           or k.startswith("OMPI_ALLOW_RUN_AS_ROOT")}
+    sys.exit(subprocess.run(sys.argv[1:], env=env).returncode)
+    """
+
+
+def test_a_job_launched_from_a_rank_has_ranks_of_its_own(tmp_path):
+    """A job launched from a rank's process (a subprocess, not mpi_fork)
+    inherits its mark; its ranks are ranks all the same (under Hydra their
+    PMI_RANK and PMI_FD may equal the launching rank's): every rank ending
+    before MPI still ends the job at once with status 0, silent."""
+    inner = write(tmp_path, "none_started.py", NONE_STARTED)
+    outer = write(tmp_path, "nested.py", NESTED)
+    p, secs = run(mpirun(1, PY, outer, *mpirun(3, PY, inner)), timeout=90)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "[mpiml]" not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert secs < 30, secs  # a rank taken for a rank's child: the others wait 60 s for it
 
 
 CHILDREN = """
@@ -581,10 +626,8 @@ def test_a_rank_that_starts_mpi_late_is_a_timeout_in_mpi_init(tmp_path, start):
     """With MPIML_TIMEOUT the watchdog ends the wait in MPI_Init for a rank
     that has not started MPI (after at least 10 s), naming the rank that
     waits; also in mpi4py's import after mpiml's."""
-    if "--oversubscribe" not in mpirun(1):
-        pytest.skip("the script reads Open MPI's rank variable")
-    if start == "mpi4py" and importlib.util.find_spec("mpi4py") is None:
-        pytest.skip("mpi4py is not installed")
+    if start == "mpi4py":
+        skip_without_mpi4py()
     script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late="time.sleep(60)", start=STARTS[start]))
     out = run_failing(mpirun(2, PY, script), 25, env=clean_env(MPIML_TIMEOUT="4"))
     assert re.search(r"watchdog: MPI_Init_thread waited [\d.]+ s, past the timeout of 10 s \(rank 0 of "
@@ -595,7 +638,7 @@ RAISE_BEFORE_INIT = """
     import os, time
     import numpy as np
     import mpiml.mpi_tools as mt
-    if os.environ["OMPI_COMM_WORLD_RANK"] == "1":
+    if (os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ["PMI_RANK"]) == "1":
         raise ValueError("bad configuration on rank 1")  # before MPI started
     time.sleep(3)
     mt.mpi_sum(np.ones(3))
@@ -605,8 +648,6 @@ RAISE_BEFORE_INIT = """
 def test_a_rank_that_fails_before_mpi_starts_says_so(tmp_path):
     """An exception before mpiml started MPI: the rank's line names it and
     its status, and Open MPI's mpirun ends the job."""
-    if "--oversubscribe" not in mpirun(1):
-        pytest.skip("the script reads Open MPI's rank variable")
     script = write(tmp_path, "raise_before_init.py", RAISE_BEFORE_INIT)
     out = run_failing(mpirun(2, PY, script), 30)
     assert "ValueError: bad configuration on rank 1" in out, out
@@ -617,8 +658,6 @@ def test_a_rank_that_starts_mpi_late_is_a_stall_line_without_a_timeout(tmp_path)
     """Without MPIML_TIMEOUT nothing ends a wait in MPI_Init for a rank that
     lives on; past MPIML_STALL_WARNING the waiting rank says so once, and the
     job goes on (ended here by the test)."""
-    if "--oversubscribe" not in mpirun(1):
-        pytest.skip("the script reads Open MPI's rank variable")
     script = write(tmp_path, "before_init.py", BEFORE_INIT.format(late="time.sleep(60)", start="pass"))
     p = subprocess.Popen(mpirun(2, PY, script), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env=clean_env(MPIML_STALL_WARNING="2"), start_new_session=True)
@@ -663,8 +702,7 @@ def test_ranks_that_all_end_before_any_collective_end_normally(tmp_path, wait):
     """The door at exit is passed by ranks that all end: no abort, whether
     they end together or one 5 s after the others (then the others' wait at
     the door is bounded)."""
-    if importlib.util.find_spec("mpi4py") is None:
-        pytest.skip("mpi4py is not installed")
+    skip_without_mpi4py()
     script = write(tmp_path, "none_used.py", NONE_USED.format(wait=wait))
     p, secs = run(mpirun(3, PY, script), timeout=60)
     out = p.stdout + p.stderr
@@ -1146,6 +1184,7 @@ def test_mismatch_on_mpis_path_without_the_check(tmp_path, how):
     # same, before the call (every rank raises naming each rank's call, the
     # communicator goes on); an uncaught mismatch (a broadcast whose receiver
     # expects more: MPI would give it a partial result) ends the job.
+    skip_without_mpi4py()
     script = write(tmp_path, "mismatch.py", MISMATCH)
     env = clean_env(MPIML_SHM="off", MPIML_CHECK="0")
     cmd = mpirun(2, PY, script, how)

@@ -1,5 +1,6 @@
 // Abort on failure: print one clear line, then MPI_Abort the whole job.
 #include "core/config.hpp"
+#include "core/local_ranks.hpp"
 #include "core/profile_hooks.hpp"
 #include "core/state.hpp"
 
@@ -150,8 +151,10 @@ constexpr int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 // Whether this process is the one the launcher started, not a process a rank
 // started (multiprocessing's spawn, a subprocess), which inherits the
 // launcher's variables: the first process of a rank to load mpiml marks them
-// in MPIML_RANK_PROCESS, for its children. A job launched from a rank
-// (mpi_fork, mpiml-run) has new values, so its ranks are not mistaken.
+// in MPIML_RANK_PROCESS, for its children, with the pid of the launcher's
+// daemon above it. A job launched from a rank (mpi_fork, mpiml-run, a
+// subprocess) has new values or, under Hydra, whose variables may repeat
+// (PMI_RANK, PMI_FD), a daemon of its own, so its ranks are not mistaken.
 bool rank_process = false;
 pid_t loaded_in = 0;  // a child forked from the rank: another pid
 constexpr const char* rank_mark_var = "MPIML_RANK_PROCESS";
@@ -165,6 +168,14 @@ std::string launch_identity() {
         id += ';';
     }
     return id;
+}
+// Marked by another process of this rank: the same variables, and no other
+// daemon above this process (an unknown one, too deep or unreadable, is no
+// evidence: a rank's child as before).
+bool marked_by_this_rank(const std::string& mark, const std::string& id, const std::string& daemon) {
+    if (mark.size() < id.size() || mark.compare(0, id.size(), id) != 0) return false;
+    const std::string marked_daemon = mark.substr(id.size());
+    return marked_daemon.empty() || daemon.empty() || marked_daemon == daemon;
 }
 
 // The shared libraries' destructors have run (MPI's among them): MPI cannot
@@ -197,9 +208,11 @@ __attribute__((constructor)) void watch_at_load() {
     loaded_in = ::getpid();
     if (detail::launcher_rank(/*with_slurm=*/false)) {
         const std::string id = launch_identity();
+        const std::optional<detail::LauncherDaemon> d = detail::launcher_daemon();
+        const std::string daemon = d ? std::to_string(d->pid) : "";
         const char* mark = std::getenv(rank_mark_var);
-        rank_process = !mark || id != mark;
-        if (rank_process) ::setenv(rank_mark_var, id.c_str(), 1);
+        rank_process = !mark || !marked_by_this_rank(mark, id, daemon);
+        if (rank_process) ::setenv(rank_mark_var, (id + daemon).c_str(), 1);
     }
     detail::watch_exit_before_mpi();
 }

@@ -89,12 +89,23 @@ std::optional<std::vector<std::string>> key_list(const char* v) {
 // How far up the process tree the daemon may be (wrappers such as `sh -c`).
 constexpr int max_depth = 8;
 
+// The launchers' daemons, which may carry a rank's variables they inherited
+// (a job launched from a rank of another).
+bool is_daemon(int pid) {
+    std::string name;
+    if (!read_file("/proc/" + std::to_string(pid) + "/comm", name)) return false;
+    while (!name.empty() && name.back() == '\n') name.pop_back();
+    return name == "hydra_pmi_proxy" || name == "orted" || name == "prted" || name == "slurmstepd";
+}
+
 // The launcher's daemon above this process: up past the wrappers (they carry
-// this rank's variable with the same value) to the first ancestor without it.
-// Nothing when /proc does not show it, or an ancestor is another rank's.
+// this rank's variable with the same value) to the first ancestor without it,
+// or to a daemon. Nothing when /proc does not show it, or an ancestor is
+// another rank's.
 std::optional<int> daemon_above(const char* rank_var, const char* rank) {
     int p = static_cast<int>(::getppid());
     for (int depth = 0; depth < max_depth && p > 1; ++depth) {
+        if (is_daemon(p)) return p;
         std::string env;
         if (!read_file("/proc/" + std::to_string(p) + "/environ", env)) return std::nullopt;
         const std::optional<std::string> v = env_value(env, rank_var);
