@@ -908,6 +908,54 @@ def test_sigusr1_and_sigusr2_to_the_front_process_reach_the_ranks(tmp_path, fron
             p.wait()
 
 
+DETACHED = """#!/bin/sh
+# Hydra's launcher for another host: runs the proxy detached (not under
+# mpiexec), as on a host of its own; lives as long as the proxy does.
+while [ "${1#-}" != "$1" ]; do shift; done
+shift  # the host
+pidfile=$(mktemp)
+(setsid sh -c "$* & echo \\$! > $pidfile; wait" &)
+while [ ! -s "$pidfile" ]; do sleep 0.05; done
+pid=$(cat "$pidfile"); rm -f "$pidfile"
+while kill -0 "$pid" 2> /dev/null; do sleep 0.2; done
+"""
+
+
+def test_sigusr2_to_the_front_process_with_no_rank_on_its_host_under_hydra(tmp_path):
+    """Under Hydra, which would end the job on SIGUSR2, the front process
+    hands it to the ranks of its host; with none there (a proxy on another
+    host) it says so and the job goes on."""
+    if "--oversubscribe" in mpirun(1):
+        pytest.skip("Hydra only (Open MPI's mpirun passes SIGUSR2 on to every rank)")
+    if not MPIML_RUN:
+        pytest.skip("mpiml-run not found (set MPIML_RUN)")
+    launcher = tmp_path / "detached.sh"
+    launcher.write_text(DETACHED)
+    launcher.chmod(0o755)
+    script = write(tmp_path, "signaled.py", SIGNALED.format(restarts=0, dir=str(tmp_path)))
+    env = clean_env(MPIML_MPIRUN_FLAGS="-launcher ssh -launcher-exec %s -hosts elsewhere" % launcher)
+    p = subprocess.Popen([MPIML_RUN, "-np", "2", PY, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env, start_new_session=True)
+    try:
+        _wait_ready(tmp_path, p, "mpiml-run")
+        p.send_signal(signal.SIGUSR2)
+        time.sleep(3)
+        assert p.poll() is None, p.communicate()
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+        assert "[mpiml] SIGUSR2: no rank of this job runs on this host, and MPICH's mpiexec would end the job " \
+               "on it: not passed on" in err, out + err
+        assert "got SIGUSR2" not in out, out + err
+    finally:
+        for pid in _job_left(tmp_path):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
 @pytest.mark.parametrize("front", ["mpi_fork", "mpi_fork(restarts=1)", "mpiml-run", "mpiml-ppo"])
 def test_sigterm_to_the_front_process_ends_the_whole_job(tmp_path, front, sig):
