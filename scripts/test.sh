@@ -166,12 +166,12 @@ else
 fi
 
 # Debian's mpi4py is built for Open MPI: the suites that compare with it run
-# with Open MPI only.
-stage "the Python package against MPICH: the backend, jobs under Hydra (failures, signals, mpi_fork), a second MPI library"
+# with Open MPI only (test_jobs.py skips its mpi4py cases here).
+stage "the Python package against MPICH: the backend, overlap, checkpoints, jobs under Hydra (failures, signals, mpi_fork), a second MPI library"
 if built "$mpich_py"; then
   log=$mpich/ctest-python.log
   ctest --test-dir "$mpich" --output-on-failure -L python -j2 \
-    -R '^(pytest_(smoke|c10d|c10d_ddp|c10d_comm_hooks|c10d_profiler)\.np2|c10d_timeout\.np2|pytest_(one_mpi|jobs|pyprofile)\.np1)$' \
+    -R '^(pytest_(smoke|c10d|c10d_ddp|c10d_comm_hooks|c10d_profiler|overlap|checkpoint|checkpoint_ddp)\.np2|c10d_timeout\.np2|pytest_(one_mpi|jobs|pyprofile)\.np1)$' \
     2>&1 | tee "$log" | grep -vE "^\s*(Start|[0-9]+/[0-9]+ Test)" | tail -8
   count "$log"
 else

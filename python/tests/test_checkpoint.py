@@ -11,14 +11,12 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from mpi4py import MPI
 
 import mpiml
 from mpiml import checkpoint as ckpt
 from mpiml.checkpoint import capture_rng, load_checkpoint, restore_rng, save_checkpoint
+from ranks import RANK, SIZE, barrier, bcast
 
-COMM = MPI.COMM_WORLD
-RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
 TAG = "rank %d/%d" % (RANK, SIZE)
 
 
@@ -29,19 +27,19 @@ def ckdir():
     if RANK == 0:
         import tempfile
         path = tempfile.mkdtemp(prefix="mpiml-pyckpt-")
-    path = COMM.bcast(path)
+    path = bcast(path)
     yield path
     ckpt.wait_for_removals()
-    COMM.Barrier()
+    barrier()
     if RANK == 0:
         shutil.rmtree(path)
 
 
 def on_rank0(f):
-    COMM.Barrier()
+    barrier()
     if RANK == 0:
         f()
-    COMM.Barrier()
+    barrier()
 
 
 def test_every_kind_round_trips(ckdir):
@@ -236,7 +234,7 @@ def test_full_disk_raises_on_every_rank(ckdir):
         r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", mnt],
                            capture_output=True, text=True)
         why = None if r.returncode == 0 else (r.stderr.strip() or "mount failed")
-    why = COMM.bcast(why)
+    why = bcast(why)
     if why is not None:
         pytest.skip("cannot mount a tmpfs here (%s): the full-disk case needs root" % why)
     try:
@@ -248,12 +246,12 @@ def test_full_disk_raises_on_every_rank(ckdir):
         assert "mpiml::Checkpointer::save on %s: step 2 not saved in %s" % (TAG, mnt) in msg
         assert "No space left on device" in msg and "the previous checkpoints are intact" in msg
         assert e.value.errno == errno.ENOSPC and isinstance(e.value, OSError)
-        COMM.Barrier()
+        barrier()
         assert not [n for n in os.listdir(mnt) if ".tmp-" in n]
         ck = load_checkpoint(mnt)
         assert ck.step == 1 and ck.per_rank["r"] == RANK
         np.testing.assert_array_equal(ck.shared["w"], np.ones(1000))
     finally:
-        COMM.Barrier()
+        barrier()
         if RANK == 0:
             subprocess.run(["umount", "-l", mnt], check=False)

@@ -10,13 +10,11 @@ import time
 
 import pytest
 import torch
-from mpi4py import MPI
 from torch import nn
 
 import mpiml
 from mpiml import mpi_pytorch as mp
-
-RANK, SIZE = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+from ranks import RANK, SIZE, allgather, barrier
 
 
 class Net(nn.Module):
@@ -124,7 +122,7 @@ def test_overlap_stats_show_where_the_averaging_went():
     avg = mp.GradAverager(net, overlap=True, overlap_on_one_node=True,
                           bucket_cap_mb=8 * 1024 / 2**20)  # a bucket a tensor
     assert avg.overlap_stats() == dict(steps=0, buckets=0, averaging_s=0.0, hidden_s=0.0, left_s=0.0)
-    MPI.COMM_WORLD.Barrier()
+    barrier()
     net(torch.randn(8, 64)).square().sum().backward()
     time.sleep(0.5)  # the buckets are averaged meanwhile
     avg()
@@ -144,7 +142,7 @@ def test_on_one_node_overlap_averages_at_the_call():
     # overlaps there too.
     if SIZE == 1:
         pytest.skip("one rank: nothing to average")
-    hosts = set(MPI.COMM_WORLD.allgather(socket.gethostname()))
+    hosts = set(allgather(socket.gethostname()))
     if len(hosts) > 1 or int(os.environ.get("MPIML_NODE_SPLIT") or 0):
         pytest.skip("ranks on more than one node")
 
@@ -215,7 +213,7 @@ def test_bucket_plan_is_rebuilt_in_rank_0s_order():
     avg()
     plan = avg.bucket_plan()
     assert sorted(i for b in plan for i in b) == list(range(6))
-    assert MPI.COMM_WORLD.allgather(plan) == [plan] * SIZE
+    assert allgather(plan) == [plan] * SIZE
     assert set(plan[0]) <= {0, 1}, plan  # rank 0's order, on every rank
     del avg
 
