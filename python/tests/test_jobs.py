@@ -878,6 +878,18 @@ def _rank_files(tmp_path, stem, n=2):
     return lambda: all((tmp_path / ("%s.%d" % (stem, r))).exists() for r in range(n))
 
 
+def _kill_job(tmp_path, p):
+    """Whatever of the job a failed case left running."""
+    for pid in _job_left(tmp_path):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
 def _wait_ready(tmp_path, p, front):
     if front == "mpiml-ppo":  # its first epoch's row
         _wait_until(lambda: (tmp_path / "out" / "progress.txt").exists(), p)
@@ -947,14 +959,8 @@ def test_sigusr2_to_the_front_process_with_no_rank_on_its_host_under_hydra(tmp_p
                "on it: not passed on" in err, out + err
         assert "got SIGUSR2" not in out, out + err
     finally:
-        for pid in _job_left(tmp_path):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        _kill_job(tmp_path, p)
+
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGINT"])
 @pytest.mark.parametrize("front", ["mpi_fork", "mpi_fork(restarts=1)", "mpiml-run", "mpiml-ppo"])
@@ -977,14 +983,7 @@ def test_sigterm_to_the_front_process_ends_the_whole_job(tmp_path, front, sig):
         assert not left, ("processes of the job still running", left, out + err)
         assert "restarting" not in err, err
     finally:
-        for pid in _job_left(tmp_path):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        _kill_job(tmp_path, p)
 
 
 @pytest.mark.parametrize("env,want", [({}, 0), ({"SLURM_RESTART_COUNT": "2"}, 2),
