@@ -1,6 +1,7 @@
 """Whole MPI jobs launched from the test (run by ctest at one rank): an
 uncaught exception on one rank ends the job, Ctrl-C on the launcher ends
 every rank, both import orders with mpi4py, mpi_fork end to end."""
+import functools
 import importlib.util
 import json
 import os
@@ -31,21 +32,16 @@ def clean_env(drop=("MPIML_TIMEOUT",), **extra):
     return env
 
 
+@functools.lru_cache(maxsize=None)
 def mpi4py_unusable():
     """Why mpi4py cannot run beside mpiml here (not installed, or built for
     another MPI library, as Debian's is for Open MPI), or None."""
-    global _MPI4PY
-    if _MPI4PY is False:
-        if importlib.util.find_spec("mpi4py") is None:
-            _MPI4PY = "mpi4py is not installed"
-        else:  # mpiml's import guard checks mpi4py.MPI's library before MPI starts
-            p = subprocess.run([PY, "-c", "import importlib.util, mpiml; importlib.util.find_spec('mpi4py.MPI')"],
-                               capture_output=True, text=True, timeout=60, env=clean_env())
-            _MPI4PY = None if p.returncode == 0 else "mpi4py does not use mpiml's MPI: " + p.stderr[-300:]
-    return _MPI4PY
-
-
-_MPI4PY = False
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py is not installed"
+    # mpiml's import guard checks mpi4py.MPI's library before MPI starts
+    p = subprocess.run([PY, "-c", "import importlib.util, mpiml; importlib.util.find_spec('mpi4py.MPI')"],
+                       capture_output=True, text=True, timeout=60, env=clean_env())
+    return None if p.returncode == 0 else (p.stderr.strip().splitlines() or ["?"])[-1][:400]
 
 
 def skip_without_mpi4py():
