@@ -3,7 +3,8 @@
 # h1, a slurmd on h1 and h2), with the commands users run: srun --mpi=pmix
 # -N 2 -n 4 of the test binaries, a pytest subset and the c10d tests; mpi_fork
 # under srun and inside an allocation; MPICH through srun --mpi=pmi2; faults
-# (a rank killed, a rank exiting, a node lost, a slurmd stopped, scancel);
+# (a rank killed, a rank exiting, a node lost, a slurmd stopped, scancel, a
+# rank's exit outlasting the others' status 75 under srun -K);
 # mpiml-run --restarts with srun; and the job script of docs/CLUSTER.md
 # through sbatch, requeued once mid-run, resuming and reaching PPO's learning
 # bar.
@@ -292,6 +293,23 @@ settled 90 > "$log/$name.log" || rc=1
 cat "$log/$name.out" >> "$log/$name.log"
 grep -q "CANCELLED" "$log/$name.log" || rc=1
 result $name $rc "(4 ranks running, gone ${gone} s after scancel; Slurm settled after $(secs "$t1") s)"
+
+# Every rank stops on request (status 75); rank 3's exit goes on 0.5 s past
+# MPI_Finalize. srun -K sends it SIGTERM once the others ended: the signal
+# does not cut its exit short, and srun ends with 75 (what the job script's
+# requeue reads), not 143.
+name=stopped_slow_exit
+stopped_slow_exit() {
+  t0=$(date +%s.%N)
+  timeout 60 "$cl" slurm srun -K --mpi=pmix -N 2 -n 4 "$fc" stopped_slow_exit 3 > "$log/$name.log" 2>&1
+  rc=$?
+  echo "---- exit=$rc" >> "$log/$name.log"
+  [ $rc -eq 75 ] && grep -q "^fault_child: rank 3 finished its exit" "$log/$name.log" || rc=1
+  settled >> "$log/$name.log" || rc=1
+  detail="(srun -K: status 75, rank 3's exit complete; $(secs "$t0") s)"
+}
+again $name "$log/$name.log" stopped_slow_exit
+result $name $rc "$detail"
 
 echo "-- restarts inside an allocation"
 # mpiml-run --restarts 1 with MPIML_MPIRUN=srun in a batch job: rank 3 (on h2)

@@ -117,6 +117,10 @@ int body(const std::string& mode, int faulty) {
         return 0;
     }
     if (mode == "attempts" && rank == 0) std::printf("attempt=%d\n", mpiml::restart_attempt());
+    if (mode == "stopped_slow_exit" || mode == "stopped_term_exit") {  // see main
+        step(1);
+        return mpiml::exit_stopped;
+    }
     if (mode == "session_unwind") {
         try {
             mpiml::Session s;
@@ -144,6 +148,32 @@ int main(int argc, char** argv) {
         use_run = true;
     }
     const int faulty = std::atoi(argv[2]);
+    // Every rank stops on request (status 75, in body) and the faulty rank's
+    // exit goes on for 0.5 s past MPI_Finalize (exit handlers registered
+    // before mpiml's run after it): stopped_slow_exit through the SIGTERM a
+    // launcher sends once the others ended (srun -K); stopped_term_exit with
+    // that SIGTERM sent to itself as its exit begins, while the others end
+    // 1 s later (under Open MPI's mpirun a rank still inside MPI_Finalize
+    // when another exits non-zero cannot complete it: mpirun stops serving
+    // while it ends the job).
+    if (mode == "stopped_slow_exit" || mode == "stopped_term_exit") {
+        const char* r = nullptr;
+        for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"})
+            if ((r = std::getenv(v))) break;
+        static int own_rank = r ? std::atoi(r) : -1;
+        static bool self_term = mode == "stopped_term_exit";
+        if (own_rank == faulty)
+            std::atexit([] {
+                if (self_term) ::raise(SIGTERM);
+                const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+                while (std::chrono::steady_clock::now() < until) ::usleep(10'000);  // on through signals
+                char line[80];
+                const int n = std::snprintf(line, sizeof line, "fault_child: rank %d finished its exit\n", own_rank);
+                if (n > 0 && ::write(2, line, static_cast<std::size_t>(n)) < 0) std::_Exit(1);
+            });
+        else if (self_term)
+            std::atexit([] { ::usleep(1'000'000); });
+    }
     if (mode == "fork_restarts") {  // mpi_fork onto 2 ranks with 2 restarts, then "attempts"
         mpiml::mpi_fork(2, mpiml::ForkOptions{.restarts = 2, .backoff = 0.2});
         mode = "attempts";

@@ -5,7 +5,8 @@
 # $MPIML_FAULT_MARK (tests/fault_mark.hpp; a caller that injects the fault
 # from outside appends its own), or from the launch when there is none.
 # With EXPECT_OK=1: when the job ends with status 0 and its output does NOT match regex;
-# with EXPECT_OK=match: with status 0 and output that matches regex.
+# with EXPECT_OK=match: with status 0 and output that matches regex;
+# with EXPECT_STATUS=n: with status n and output that matches regex.
 # With REPORT_RANKS=n (np: the job's): also when the output holds the report of n ranks once, complete.
 # With MPIML_PROFILE=tmp: the job profiles into a directory of its own, and the
 # faulty rank's profile_<rank>.json must hold its first allreduce.
@@ -37,6 +38,9 @@ awk -v e="$elapsed" -v l="$limit" 'BEGIN { exit !(e <= l) }' || { echo "FAIL: to
 if [ "${EXPECT_OK:-0}" = 1 ]; then
   [ "$rc" -eq 0 ] || { echo "FAIL: job exited $rc"; ok=0; }
   ! grep -Eq -- "$regex" <<<"$out" || { echo "FAIL: output matches /$regex/"; ok=0; }
+elif [ -n "${EXPECT_STATUS:-}" ]; then
+  [ "$rc" -eq "$EXPECT_STATUS" ] || { echo "FAIL: job exited $rc, not $EXPECT_STATUS"; ok=0; }
+  grep -Eq -- "$regex" <<<"$out" || { echo "FAIL: output does not match /$regex/"; ok=0; }
 elif [ "${EXPECT_OK:-0}" = match ]; then
   [ "$rc" -eq 0 ] || { echo "FAIL: job exited $rc"; ok=0; }
   grep -Eq -- "$regex" <<<"$out" || { echo "FAIL: output does not match /$regex/"; ok=0; }

@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <mutex>
@@ -162,6 +163,32 @@ void exit_board_setup() {
     g.set_up.store(true, std::memory_order_release);
 }
 
+// Every rank has ended and this process exits with a known status: its exit
+// is finished, not cut short. Launchers end the remaining ranks as soon as
+// one exits with a non-zero status (srun -K, mpirun), and their SIGTERM
+// would turn this rank's status (75 after a stop, say) into "terminated".
+// SIGTERM, SIGINT and SIGHUP now leave the exit up to 5 s; then the process
+// ends with its own status. (SIGKILL ends it as always.)
+volatile std::sig_atomic_t exit_status_now = 0;
+volatile std::sig_atomic_t term_seen = 0;
+extern "C" void end_with_own_status(int) { ::_exit(exit_status_now); }
+extern "C" void finish_exit_first(int) {
+    if (term_seen) return;
+    term_seen = 1;
+    ::alarm(5);
+}
+void finish_exit_undisturbed(int status) {
+    if (status < 0) return;  // MPI finalized while the program goes on
+    exit_status_now = status;
+    struct sigaction sa {};
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sa.sa_handler = end_with_own_status;
+    ::sigaction(SIGALRM, &sa, nullptr);
+    sa.sa_handler = finish_exit_first;
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+}
+
 // The world set-up, once per process (any thread); done: state().world_set_up.
 std::once_flag world_once;
 
@@ -252,7 +279,10 @@ void door_at_exit(bool before_mpi) {
         else if (first_ended < 0)
             first_ended = j;
     }
-    if (entering.empty()) return;
+    if (entering.empty()) {
+        finish_exit_undisturbed(status);
+        return;
+    }
     // One line and one MPI_Abort for the job: the first rank that ended;
     // the others finalize, and that abort ends them.
     if (first_ended == state().world_rank)
@@ -371,6 +401,7 @@ void exit_guard_run() {
         }
         if (!stuck.empty())
             abort_job(ended_text(status) + " while " + waiting_text(stuck), status > 0 ? status : 1);
+        if (all_ended) finish_exit_undisturbed(status);
         if (all_ended || broken) break;
         const timespec nap{0, 200'000};
         ::nanosleep(&nap, nullptr);
