@@ -304,7 +304,7 @@ stopped_slow_exit() {
   timeout 60 "$cl" slurm srun -K --mpi=pmix -N 2 -n 4 "$fc" stopped_slow_exit 3 > "$log/$name.log" 2>&1
   rc=$?
   echo "---- exit=$rc" >> "$log/$name.log"
-  [ $rc -eq 75 ] && grep -q "^fault_child: rank 3 finished its exit" "$log/$name.log" || rc=1
+  if [ $rc -eq 75 ] && grep -q "^fault_child: rank 3 finished its exit" "$log/$name.log"; then rc=0; else rc=1; fi
   settled >> "$log/$name.log" || rc=1
   detail="(srun -K: status 75, rank 3's exit complete; $(secs "$t0") s)"
 }
