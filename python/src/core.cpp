@@ -37,8 +37,8 @@
 namespace py = pybind11;
 
 namespace mpiml::detail {
-void exit_guard_run();  // src/core/exit_guard.hpp (libmpiml, not installed)
-void exit_guard_unstarted();
+void exit_guard_run(bool exiting);  // src/core/exit_guard.hpp (libmpiml, not installed)
+void exit_guard_unstarted(bool exiting);
 }
 
 // Python's own dumper of every thread's frames (faulthandler's; no GIL needed).
@@ -599,14 +599,14 @@ PYBIND11_MODULE(_core, m) {
     // aborts the job if a peer waits in a collective this rank never entered).
     m.def("_exit_guard", [] {
         py::gil_scoped_release nogil;
-        detail::exit_guard_run();
+        detail::exit_guard_run(true);
     });
     // At interpreter exit when mpi4py (or another library) started MPI and
     // this process made no mpiml call: ranks waiting in their first
     // collective learn that this one ended.
     m.def("_exit_guard_unstarted", [] {
         py::gil_scoped_release nogil;
-        detail::exit_guard_unstarted();
+        detail::exit_guard_unstarted(true);
     });
 
     // Benchmark hooks: k calls of the C++ API in a C++ loop (bench/peers/mpiml_peer.py

@@ -172,6 +172,47 @@ def test_rank_that_ends_the_job_by_an_exception_writes_its_own_profile(tmp_path)
     assert not (d / "timeline.json").exists()  # collective: not written
 
 
+def test_stopped_job_keeps_its_status_when_a_slow_exit_gets_sigterm(tmp_path):
+    """Under MPIML_PROFILE the ranks pass the exit guard in an atexit handler,
+    before Python knows their status. Every rank stops (75); rank 1's exit
+    goes on 0.5 s after that and gets SIGTERM as it begins (srun -K's, once
+    another task ended): it completes its exit and the job ends with 75, not
+    terminated. (The others finalize MPI and end 1 s later: under Open MPI's
+    mpirun a rank still in MPI_Finalize when another ends non-zero cannot
+    complete it.)"""
+    script = tmp_path / "stopped.py"
+    script.write_text(textwrap.dedent("""
+        import atexit, os, signal, sys, time
+        rank = None
+
+        def exit_work():  # registered first: runs after the profile is written
+            from mpiml import _core
+            _core.finalize()
+            if rank == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+                until = time.monotonic() + 0.5
+                while time.monotonic() < until:
+                    time.sleep(0.01)
+                print("rank 1 finished its exit", file=sys.stderr, flush=True)
+            else:
+                time.sleep(1.0)
+
+        atexit.register(exit_work)
+        import numpy as np
+        import mpiml, mpiml.mpi_tools as mt
+        rank = mt.proc_id()
+        mt.mpi_sum(np.ones(3))
+        sys.exit(mpiml.EXIT_STOPPED)
+        """))
+    d = tmp_path / "prof"
+    p = subprocess.run(mpirun(2, PY, str(script)), capture_output=True, text=True, timeout=60,
+                       env=clean_env(MPIML_PROFILE=str(d)))
+    out = p.stdout + p.stderr
+    assert p.returncode == 75, out
+    assert "rank 1 finished its exit" in p.stderr, out
+    assert (d / "profile_1.prof").exists() and (d / "summary.json").exists(), out
+
+
 def test_unwritable_profile_file_raises_on_every_rank(tmp_path):
     """A rank that cannot write its .prof: every rank raises mpiml.Error
     naming the call, its rank and the rank that failed; no hang."""

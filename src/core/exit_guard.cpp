@@ -52,6 +52,7 @@ struct Guard {
     std::uint64_t* mine = nullptr;
     std::vector<std::uint64_t*> local;  // by world rank; null for other nodes
     std::atomic<int> status{-1};  // -1: not known
+    std::atomic<bool> exiting{false};  // run from an exit handler, status not known yet
 };
 // Never destroyed: used inside MPI_Finalize, which may run from atexit.
 Guard& guard() {
@@ -163,23 +164,33 @@ void exit_board_setup() {
     g.set_up.store(true, std::memory_order_release);
 }
 
-// Every rank has ended and this process exits with a known status: its exit
-// is finished, not cut short. Launchers end the remaining ranks as soon as
-// one exits with a non-zero status (srun -K, mpirun), and their SIGTERM
-// would turn this rank's status (75 after a stop, say) into "terminated".
+// Every rank has ended and this process is on its way out: its exit is
+// finished, not cut short. Launchers end the remaining ranks as soon as one
+// exits with a non-zero status (srun -K, mpirun), and their SIGTERM would
+// turn this rank's status (75 after a stop, say) into "terminated".
 // SIGTERM, SIGINT and SIGHUP now leave the exit up to 5 s; then the process
-// ends with its own status. (SIGKILL ends it as always.)
-volatile std::sig_atomic_t exit_status_now = 0;
-volatile std::sig_atomic_t term_seen = 0;
-extern "C" void end_with_own_status(int) { ::_exit(exit_status_now); }
-extern "C" void finish_exit_first(int) {
+// ends with its own status, or by that signal if its status is still not
+// known (an interpreter's exit handlers). SIGKILL ends it as always.
+volatile std::sig_atomic_t exit_status_now = -1;  // -1: not known yet
+volatile std::sig_atomic_t exit_protected = 0;
+volatile std::sig_atomic_t term_seen = 0;         // the first such signal
+extern "C" void end_with_own_status(int) {
+    if (exit_status_now >= 0) ::_exit(exit_status_now);
+    ::signal(term_seen, SIG_DFL);
+    ::raise(term_seen);
+    ::_exit(128 + term_seen);
+}
+extern "C" void finish_exit_first(int sig) {
     if (term_seen) return;
-    term_seen = 1;
+    term_seen = sig;
     ::alarm(5);
 }
 void finish_exit_undisturbed(int status) {
-    if (status < 0) return;  // MPI finalized while the program goes on
-    exit_status_now = status;
+    // Status not known and not at an exit handler: MPI finalized while the
+    // program goes on, and keeps its signals.
+    if (status < 0 && !guard().exiting.load(std::memory_order_relaxed)) return;
+    if (status >= 0) exit_status_now = status;
+    exit_protected = 1;
     struct sigaction sa {};
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
@@ -323,7 +334,10 @@ void exit_mark_enter(Kind kind, std::uint64_t seq) {
 
 void exit_mark_leave() { slot(inside).fetch_sub(1, std::memory_order_release); }
 
-void set_exit_status(int status) { guard().status.store(status, std::memory_order_relaxed); }
+void set_exit_status(int status) {
+    guard().status.store(status, std::memory_order_relaxed);
+    if (exit_protected && status >= 0) exit_status_now = status;
+}
 
 bool collective_entered(Kind kind, std::uint64_t seq) {
     last_entered.store(static_cast<std::uint64_t>(kind) << seq_bits | seq, std::memory_order_relaxed);
@@ -345,7 +359,8 @@ void exit_check_other_threads() {
               status > 0 ? status : 1);
 }
 
-void exit_guard_run() {
+void exit_guard_run(bool exiting) {
+    if (exiting) guard().exiting.store(true, std::memory_order_relaxed);
     bool at_door = false;  // no set-up yet: the door instead
     std::call_once(world_once, [&at_door] {
         at_door = true;
@@ -422,7 +437,7 @@ void exit_guard_before_mpi() {
     state().world_set_up.store(true, std::memory_order_release);
 }
 
-void exit_guard_unstarted() {
+void exit_guard_unstarted(bool exiting) {
     int init = 0, fin = 0;
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
@@ -430,7 +445,7 @@ void exit_guard_unstarted() {
     if (!init || fin || s.ready) return;
     MPI_Comm_rank(MPI_COMM_WORLD, &s.world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &s.world_size);
-    exit_guard_run();
+    exit_guard_run(exiting);
 }
 
 }  // namespace mpiml::detail

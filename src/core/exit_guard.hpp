@@ -38,12 +38,14 @@ void collective_left();
 void exit_check_other_threads();
 /// Run at the start of MPI_Finalize: waits until every rank ends; aborts the
 /// job, naming the ranks, when a rank waits in a collective this rank never
-/// entered.
-void exit_guard_run();
+/// entered. exiting: run early by an exit handler (Python's atexit), this
+/// process's status not known yet; once every rank has ended, the rest of
+/// its exit is protected from the launcher's SIGTERM all the same.
+void exit_guard_run(bool exiting = false);
 /// At the exit of a process in which another library started MPI and mpiml
 /// never started (no mpiml call, so no hook in MPI_Finalize): the door of
 /// exit_guard_run, for ranks that wait in their first collective.
-void exit_guard_unstarted();
+void exit_guard_unstarted(bool exiting = false);
 /// In a rank that ended before it started MPI and then started it on its way
 /// out: the door, where the ranks that start MPI learn that it ended (the
 /// job ends, naming it) or every rank ended the same way (nothing to guard).
