@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 from test_jobs import clean_env as _clean_env, mpirun  # noqa: E402 (the jobs' environment and launcher)
 
@@ -172,6 +173,43 @@ def test_rank_that_ends_the_job_by_an_exception_writes_its_own_profile(tmp_path)
     assert not (d / "timeline.json").exists()  # collective: not written
 
 
+SLOW_EXIT = """
+    import atexit, os, signal, sys, time
+    rank = None
+    slow_s, others_status = float(sys.argv[1]), int(sys.argv[2])
+
+    def exit_work():  # registered first: runs after the profile is written
+        from mpiml import _core
+        _core.finalize()
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            until = time.monotonic() + slow_s
+            while time.monotonic() < until:
+                time.sleep(0.01)
+            print("rank 1 finished its exit", file=sys.stderr, flush=True)
+        elif others_status:
+            time.sleep(1.0)
+
+    atexit.register(exit_work)
+    import numpy as np
+    import mpiml, mpiml.mpi_tools as mt
+    rank = mt.proc_id()
+    mt.mpi_sum(np.ones(3))
+    sys.exit(mpiml.EXIT_STOPPED if rank == 1 else others_status)
+    """
+
+
+def run_slow_exit(tmp_path, slow_s, others_status):
+    script = tmp_path / "slow_exit.py"
+    script.write_text(textwrap.dedent(SLOW_EXIT))
+    d = tmp_path / "prof"
+    t0 = time.monotonic()
+    p = subprocess.run(mpirun(2, PY, str(script), str(slow_s), str(others_status)), capture_output=True,
+                       text=True, timeout=90, env=clean_env(MPIML_PROFILE=str(d)))
+    assert (d / "profile_1.prof").exists() and (d / "summary.json").exists(), p.stdout + p.stderr
+    return p, time.monotonic() - t0
+
+
 def test_stopped_job_keeps_its_status_when_a_slow_exit_gets_sigterm(tmp_path):
     """Under MPIML_PROFILE the ranks pass the exit guard in an atexit handler,
     before Python knows their status. Every rank stops (75); rank 1's exit
@@ -180,37 +218,19 @@ def test_stopped_job_keeps_its_status_when_a_slow_exit_gets_sigterm(tmp_path):
     terminated. (The others finalize MPI and end 1 s later: under Open MPI's
     mpirun a rank still in MPI_Finalize when another ends non-zero cannot
     complete it.)"""
-    script = tmp_path / "stopped.py"
-    script.write_text(textwrap.dedent("""
-        import atexit, os, signal, sys, time
-        rank = None
+    p, _ = run_slow_exit(tmp_path, 0.5, 75)
+    assert p.returncode == 75, p.stdout + p.stderr
+    assert "rank 1 finished its exit" in p.stderr, p.stdout + p.stderr
 
-        def exit_work():  # registered first: runs after the profile is written
-            from mpiml import _core
-            _core.finalize()
-            if rank == 1:
-                os.kill(os.getpid(), signal.SIGTERM)
-                until = time.monotonic() + 0.5
-                while time.monotonic() < until:
-                    time.sleep(0.01)
-                print("rank 1 finished its exit", file=sys.stderr, flush=True)
-            else:
-                time.sleep(1.0)
 
-        atexit.register(exit_work)
-        import numpy as np
-        import mpiml, mpiml.mpi_tools as mt
-        rank = mt.proc_id()
-        mt.mpi_sum(np.ones(3))
-        sys.exit(mpiml.EXIT_STOPPED)
-        """))
-    d = tmp_path / "prof"
-    p = subprocess.run(mpirun(2, PY, str(script)), capture_output=True, text=True, timeout=60,
-                       env=clean_env(MPIML_PROFILE=str(d)))
+def test_an_exit_that_outlasts_a_sigterm_by_5_s_ends_by_it(tmp_path):
+    """The same with rank 1's exit lasting 60 s (the others end with 0, so
+    the launcher waits for it): 5 s after the SIGTERM it ends by that signal,
+    its status still unknown to Python's exit handlers; no hang."""
+    p, secs = run_slow_exit(tmp_path, 60, 0)
     out = p.stdout + p.stderr
-    assert p.returncode == 75, out
-    assert "rank 1 finished its exit" in p.stderr, out
-    assert (d / "profile_1.prof").exists() and (d / "summary.json").exists(), out
+    assert p.returncode != 0 and "rank 1 finished its exit" not in out, out
+    assert secs < 40, (secs, out)
 
 
 def test_unwritable_profile_file_raises_on_every_rank(tmp_path):
