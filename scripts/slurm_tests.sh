@@ -4,7 +4,8 @@
 # -N 2 -n 4 of the test binaries, a pytest subset and the c10d tests; mpi_fork
 # under srun and inside an allocation; MPICH through srun --mpi=pmi2; faults
 # (a rank killed, a rank exiting, a node lost, a slurmd stopped, scancel, a
-# rank's exit outlasting the others' status 75 under srun -K);
+# rank's exit outlasting the others' status 75 under srun -K, in C++ and
+# Python);
 # mpiml-run --restarts with srun; and the job script of docs/CLUSTER.md
 # through sbatch, requeued once mid-run, resuming and reaching PPO's learning
 # bar.
@@ -309,6 +310,22 @@ stopped_slow_exit() {
   detail="(srun -K: status 75, rank 3's exit complete; $(secs "$t0") s)"
 }
 again $name "$log/$name.log" stopped_slow_exit
+result $name $rc "$detail"
+# The same from Python under MPIML_PROFILE, whose ranks meet at the exit
+# guard in an atexit handler, before Python knows their status.
+name=stopped_slow_exit.python
+stopped_slow_exit_python() {
+  t0=$(date +%s.%N)
+  MPIML_PROFILE=$log/$name.prof timeout 60 "$cl" slurm srun -K --mpi=pmix -N 2 -n 4 /usr/bin/python3 \
+    "$root/python/tests/slow_exit.py" 0.5 75 0 0 > "$log/$name.log" 2>&1
+  rc=$?
+  echo "---- exit=$rc" >> "$log/$name.log"
+  if [ $rc -eq 75 ] && grep -q "^slow_exit: rank 3 finished its exit" "$log/$name.log" &&
+    [ -e "$log/$name.prof/profile_3.prof" ]; then rc=0; else rc=1; fi
+  settled >> "$log/$name.log" || rc=1
+  detail="(srun -K: status 75, rank 3's exit complete, profile written; $(secs "$t0") s)"
+}
+again $name "$log/$name.log" stopped_slow_exit_python
 result $name $rc "$detail"
 
 echo "-- restarts inside an allocation"

@@ -173,39 +173,12 @@ def test_rank_that_ends_the_job_by_an_exception_writes_its_own_profile(tmp_path)
     assert not (d / "timeline.json").exists()  # collective: not written
 
 
-SLOW_EXIT = """
-    import atexit, os, signal, sys, time
-    rank = None
-    slow_s, others_status = float(sys.argv[1]), int(sys.argv[2])
-
-    def exit_work():  # registered first: runs after the profile is written
-        from mpiml import _core
-        _core.finalize()
-        if rank == 1:
-            os.kill(os.getpid(), signal.SIGTERM)
-            until = time.monotonic() + slow_s
-            while time.monotonic() < until:
-                time.sleep(0.01)
-            print("rank 1 finished its exit", file=sys.stderr, flush=True)
-        elif others_status:
-            time.sleep(1.0)
-
-    atexit.register(exit_work)
-    import numpy as np
-    import mpiml, mpiml.mpi_tools as mt
-    rank = mt.proc_id()
-    mt.mpi_sum(np.ones(3))
-    sys.exit(mpiml.EXIT_STOPPED if rank == 1 else others_status)
-    """
-
-
-def run_slow_exit(tmp_path, slow_s, others_status):
-    script = tmp_path / "slow_exit.py"
-    script.write_text(textwrap.dedent(SLOW_EXIT))
+def run_slow_exit(tmp_path, slow_s, others_status, others_delay_s):
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow_exit.py")
     d = tmp_path / "prof"
     t0 = time.monotonic()
-    p = subprocess.run(mpirun(2, PY, str(script), str(slow_s), str(others_status)), capture_output=True,
-                       text=True, timeout=90, env=clean_env(MPIML_PROFILE=str(d)))
+    p = subprocess.run(mpirun(2, PY, script, str(slow_s), str(others_status), str(others_delay_s), "1"),
+                       capture_output=True, text=True, timeout=90, env=clean_env(MPIML_PROFILE=str(d)))
     assert (d / "profile_1.prof").exists() and (d / "summary.json").exists(), p.stdout + p.stderr
     return p, time.monotonic() - t0
 
@@ -218,18 +191,18 @@ def test_stopped_job_keeps_its_status_when_a_slow_exit_gets_sigterm(tmp_path):
     terminated. (The others finalize MPI and end 1 s later: under Open MPI's
     mpirun a rank still in MPI_Finalize when another ends non-zero cannot
     complete it.)"""
-    p, _ = run_slow_exit(tmp_path, 0.5, 75)
+    p, _ = run_slow_exit(tmp_path, 0.5, 75, 1.0)
     assert p.returncode == 75, p.stdout + p.stderr
-    assert "rank 1 finished its exit" in p.stderr, p.stdout + p.stderr
+    assert "slow_exit: rank 1 finished its exit" in p.stderr, p.stdout + p.stderr
 
 
 def test_an_exit_that_outlasts_a_sigterm_by_5_s_ends_by_it(tmp_path):
     """The same with rank 1's exit lasting 60 s (the others end with 0, so
     the launcher waits for it): 5 s after the SIGTERM it ends by that signal,
     its status still unknown to Python's exit handlers; no hang."""
-    p, secs = run_slow_exit(tmp_path, 60, 0)
+    p, secs = run_slow_exit(tmp_path, 60, 0, 0)
     out = p.stdout + p.stderr
-    assert p.returncode != 0 and "rank 1 finished its exit" not in out, out
+    assert p.returncode != 0 and "slow_exit: rank 1 finished its exit" not in out, out
     assert secs < 40, (secs, out)
 
 
