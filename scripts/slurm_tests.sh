@@ -247,10 +247,13 @@ REPORT_RANKS=4 fault_case rank_stalled_on_h2 13 "rank 3/4 +host h2 +pid [0-9]+: 
 fault_case h2_lost 25 "rank [01]/4: watchdog: .* every rank on this node \\(h1\\) arrived \\(a rank on another node may not have\\)" loop -1 \
   "touch '$log/restart_slurmd'; '$cl' slurmd h2 stop; '$cl' link h2 down"
 # h2's slurmstepd of the step killed: h2's ranks end themselves (nothing
-# else would), h1's ranks then wait in a collective until MPIML_TIMEOUT.
+# else would; their lines go to the abort record, their output went through
+# that slurmstepd), h1's ranks then wait in a collective until MPIML_TIMEOUT,
+# or, when a send to them was under way, Open MPI's ob1 ends the job itself on
+# the failed write ("FATAL"; mpiml's SIGPIPE handling leaves it to fail).
 MPIML_ABORT_RECORD=$log/fault.stepd_killed_on_h2.record \
   record_re="1:^rank [23]/4 host h2: the launcher's process on this host \\(slurmstepd, pid [0-9]+\\) has ended" \
-  fault_case stepd_killed_on_h2 25 "rank [01]/4: watchdog: .* every rank on this node \\(h1\\) arrived" loop -1 \
+  fault_case stepd_killed_on_h2 25 "rank [01]/4: watchdog: .* every rank on this node \\(h1\\) arrived|pml_ob1_[a-z]+\\.c:[0-9]+ FATAL" loop -1 \
   "kill -9 \$(ps -o ppid= -p \$(ip netns pids '${MPIML_CLUSTER_PREFIX:-mpiml-}h2' | xargs ps -o pid=,comm= -p | awk '\$2 == \"fault_child\" { print \$1; exit }'))"
 # h2's slurmd alone stopped: the steps it started go on (slurmstepd runs them)
 name=slurmd_stopped_on_h2

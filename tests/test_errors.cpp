@@ -3,7 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <string>
 #include <vector>
@@ -299,6 +304,32 @@ TEST(Stop, SignalOnOneRankStopsEveryRank) {
     EXPECT_EQ(mpiml::stop_requested(), rank() == size() - 1);
     EXPECT_EQ(mpiml::stop_signal(), rank() == size() - 1 ? SIGUSR2 : 0);
     EXPECT_TRUE(mpiml::should_stop());
+}
+
+// SIGPIPE under the failure handlers: a write to a socket whose peer has gone
+// (MPI's transport to a rank that ended) fails with EPIPE and the rank goes
+// on; a broken stdout still ends the process by SIGPIPE.
+TEST(Failure, BrokenSocketFailsTheWriteBrokenStdoutEndsTheProcess) {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    ::close(sv[1]);
+    errno = 0;
+    EXPECT_EQ(::write(sv[0], "x", 1), -1) << tag();
+    EXPECT_EQ(errno, EPIPE) << tag();
+    ::close(sv[0]);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0) << tag();
+    if (pid == 0) {  // async-signal-safe calls only
+        int p[2];
+        if (::pipe(p) != 0 || ::dup2(p[1], 1) != 1) ::_exit(2);
+        ::close(p[0]);
+        ::close(p[1]);
+        [[maybe_unused]] const ssize_t k = ::write(1, "x", 1);
+        ::_exit(3);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid) << tag();
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGPIPE) << tag() << ": child status " << status;
 }
 
 }  // namespace

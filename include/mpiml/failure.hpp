@@ -11,6 +11,10 @@ namespace mpiml {
 ///   [mpiml] rank R/N: <what happened> - aborting the job
 /// to stderr and calls MPI_Abort. Done automatically when mpiml initializes
 /// MPI (unless SessionOptions::abort_on_failure is false). Idempotent.
+/// Where SIGPIPE has its default action, a write to a closed socket or pipe
+/// other than stdout and stderr (MPI's transport to a rank that has ended)
+/// then fails with EPIPE instead of ending the rank silently; a broken stdout
+/// or stderr still ends it by SIGPIPE.
 void install_failure_handlers();
 
 /// Prints the [mpiml] line for `what` and aborts the whole job with `code`.

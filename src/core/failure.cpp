@@ -9,8 +9,10 @@
 #include <cxxabi.h>
 #include <execinfo.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -148,6 +150,25 @@ void on_signal(int sig) {
 
 constexpr int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
 
+// SIGPIPE: a write to a pipe or socket whose reader has gone. From MPI's
+// transport to a peer that has ended it would end this rank silently, before
+// the watchdog could say which peer is missing; there the write fails with
+// EPIPE instead, as under Python (which ignores SIGPIPE). A broken stdout or
+// stderr still ends the rank as by default (`program | head`).
+void on_broken_pipe(int) {
+    const int saved = errno;
+    pollfd fds[2] = {{1, POLLOUT, 0}, {2, POLLOUT, 0}};
+    if (::poll(fds, 2, 0) > 0 &&
+        ((fds[0].revents | fds[1].revents) & (POLLERR | POLLHUP)) != 0) {
+        struct sigaction dfl {};
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        ::sigaction(SIGPIPE, &dfl, nullptr);
+        ::raise(SIGPIPE);  // blocked in this handler: delivered as it returns
+    }
+    errno = saved;
+}
+
 // Whether this process is the one the launcher started, not a process a rank
 // started (multiprocessing's spawn, a subprocess), which inherits the
 // launcher's variables: the first process of a rank to load mpiml marks them
@@ -277,6 +298,16 @@ void install_failure_handlers() {
         sigemptyset(&sa.sa_mask);
         sa.sa_flags = SA_ONSTACK | SA_RESETHAND;
         for (int sig : fatal_signals) ::sigaction(sig, &sa, nullptr);
+        // Only where nothing chose a disposition (Python ignores SIGPIPE).
+        struct sigaction old {};
+        if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL &&
+            (old.sa_flags & SA_SIGINFO) == 0) {
+            struct sigaction pipe {};
+            pipe.sa_handler = on_broken_pipe;
+            sigemptyset(&pipe.sa_mask);
+            pipe.sa_flags = SA_RESTART;
+            ::sigaction(SIGPIPE, &pipe, nullptr);
+        }
     });
 }
 
