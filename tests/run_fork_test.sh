@@ -65,6 +65,10 @@ if [ -x /usr/bin/mpirun.openmpi ] && [ -x /usr/bin/mpiexec.mpich ]; then
   [ $? -eq 0 ] || fail "discovery with the other MPI's mpirun first on PATH"
   out=$(/usr/bin/env -u MPIML_MPIRUN PATH="$tmp/other" /usr/bin/timeout 30 "$prog" 2 "$tmp/x" 0 2>&1); rc=$?
   [ $rc -eq 3 ] && grep -q "linked against .* but the only launcher found" <<<"$out" || fail "other MPI's launcher only: rc=$rc out=$out"
+  # Named in MPIML_MPIRUN: the same mismatch is an error too.
+  out=$(MPIML_MPIRUN="$other" timeout 30 "$prog" 2 "$tmp/x" 0 2>&1); rc=$?
+  [ $rc -eq 3 ] && grep -q "MPIML_MPIRUN='$other' is .*'s launcher but this program is linked against" <<<"$out" ||
+    fail "other MPI's launcher in MPIML_MPIRUN: rc=$rc out=$out"
 fi
 out=$(MPIML_HOSTFILE=/nonexistent/hosts timeout 30 "$prog" 2 "$tmp/x" 0 2>&1); rc=$?
 [ $rc -eq 3 ] && grep -q "MPIML_HOSTFILE='/nonexistent/hosts' is not a readable file" <<<"$out" || fail "bad MPIML_HOSTFILE: rc=$rc out=$out"

@@ -253,13 +253,21 @@ std::vector<std::string> forked_env() {
 
 // The launcher MPIML_MPIRUN names, or else the one of the MPI this program
 // is linked against: with several MPIs installed, `mpirun` may be another
-// MPI's launcher, whose ranks would each start alone as rank 0 of 1.
+// MPI's launcher, whose ranks would each start alone as rank 0 of 1 (an
+// error, whichever chose it).
 void choose_launcher(LaunchPlan& plan, const LaunchConfig& cfg) {
     if (!cfg.launcher.empty()) {
         plan.launcher = find_in_path(cfg.launcher);
         if (plan.launcher.empty())
             fail(call_name, "MPIML_MPIRUN='" + cfg.launcher + "' is not an executable file");
         plan.kind = kind_of(plan.launcher, plan.env);
+        const LauncherKind linked = linked_kind();
+        if (linked != LauncherKind::unknown &&
+            (plan.kind == LauncherKind::open_mpi || plan.kind == LauncherKind::mpich) && plan.kind != linked)
+            fail(call_name, "MPIML_MPIRUN='" + cfg.launcher + "' is " + kind_name(plan.kind) +
+                                "'s launcher but this program is linked against " + kind_name(linked) +
+                                " (its ranks would each run alone); set MPIML_MPIRUN to " + kind_name(linked) +
+                                "'s launcher");
         return;
     }
     const LauncherKind linked = linked_kind();
