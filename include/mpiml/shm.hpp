@@ -119,6 +119,12 @@ namespace detail {
 /// answer on every rank), else nullptr. Collective.
 std::unique_ptr<SharedBucket> collective_memory(std::size_t bytes, MPI_Comm comm,
                                                 const char* call);
+/// From now on buckets released are not freed (MPI_Win_free is collective)
+/// but left to MPI_Finalize, which frees them after the exit guard: for an
+/// interpreter's teardown at exit, where a peer may still wait in a
+/// collective and never free its own.
+void defer_collective_frees() noexcept;
+bool collective_frees_deferred() noexcept;
 }  // namespace detail
 
 }  // namespace mpiml

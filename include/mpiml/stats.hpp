@@ -30,6 +30,7 @@ struct Moments {
     double m2 = 0.0;
     double min = 0.0;
     double max = 0.0;
+    std::uint64_t bits = 0;  // the samples' width: 32 (float), 64 (double, others), 0 (none)
 };
 Moments local_moments(const double* x, std::size_t n);
 Moments local_moments(const float* x, std::size_t n);
@@ -38,7 +39,10 @@ template <class T>
 Moments local_moments(const T* x, std::size_t n);
 /// Chan et al.'s pairwise combination.
 Moments combine(const Moments& a, const Moments& b);
-Statistics reduce_moments(const Moments& local, MPI_Comm comm, const char* call);
+/// widest_bits, if given: the widest samples any rank had (32 or 64), the
+/// same on every rank.
+Statistics reduce_moments(const Moments& local, MPI_Comm comm, const char* call,
+                          std::uint64_t* widest_bits = nullptr);
 }  // namespace detail
 
 /// mpi_statistics_scalar(x, comm): mean and std (and min, max) of every

@@ -131,22 +131,30 @@ def _is_tensor(x):
     return torch is not None and isinstance(x, torch.Tensor)  # nn.Parameter too
 
 
+def _where(call):
+    return "%s on rank %d/%d" % (call, _core.proc_id(None), _core.num_procs(None))
+
+
 def _torch_array(x, call, written=False):
     if x.device.type != "cpu":
         raise ArgumentError("%s: tensor is on %s; mpiml's Python collectives take CPU tensors "
-                            "(use .cpu())" % (call, x.device))
+                            "(use .cpu())" % (_where(call), x.device))
+    if x.layout != sys.modules["torch"].strided:
+        raise ArgumentError("%s: a %s tensor; mpiml's Python collectives take dense tensors "
+                            "(t.to_dense())" % (_where(call), x.layout))
     x = x.detach()
     if x.is_conj() or x.is_neg():
         if written:  # a lazy view: the result would land in a copy
-            raise ArgumentError("%s on rank %d/%d: the tensor to write is a conjugate or negative "
+            raise ArgumentError("%s: the tensor to write is a conjugate or negative "
                                 "view (t.conj()); pass a tensor that owns its values (resolve_conj())"
-                                % (call, _core.proc_id(None), _core.num_procs(None)))
+                                % _where(call))
         x = x.resolve_conj().resolve_neg()
     try:
         return x.numpy()
     except TypeError as e:
-        raise DtypeError("%s: tensor dtype %s has no numpy equivalent (%s)" % (call, x.dtype, e)) \
-            from None
+        raise DtypeError("%s: tensor dtype %s has no numpy equivalent (%s); convert it (t.float()), "
+                         "or use broadcast or mpi_pytorch.mpi_avg_tensor, which take it"
+                         % (_where(call), x.dtype, e)) from None
 
 
 def _array(x, call, written=False):
@@ -160,21 +168,43 @@ def _array(x, call, written=False):
     return np.asarray(x)
 
 
-def _unwrap_spec(buf):
-    # mpi4py buffer specifications: [data, MPI.DATATYPE] or [data, count, MPI.DATATYPE].
-    if isinstance(buf, (list, tuple)) and 2 <= len(buf) <= 3 and hasattr(buf[-1], "Get_size"):
-        return buf[0]
-    return buf
+def _spec_array(buf, what, written):
+    """An mpi4py buffer specification ([data, MPI.DATATYPE] or [data, count,
+    MPI.DATATYPE]) or a bare buffer, as the numpy array it names: its first
+    count elements; a datatype other than the data's is an error."""
+    spec = isinstance(buf, (list, tuple)) and 2 <= len(buf) <= 3 and hasattr(buf[-1], "Get_size")
+    data = buf[0] if spec else buf
+    if written and not (isinstance(data, np.ndarray) or _is_tensor(data)):
+        raise ArgumentError("%s: %s must be a writable numpy array or CPU tensor (the result is "
+                            "written into it), got %s" % (_where("allreduce"), what, type(data).__name__))
+    a = _array(data, "allreduce", written)
+    if not spec:
+        return a
+    try:
+        from mpi4py.util.dtlib import to_numpy_dtype
+        dt = np.dtype(to_numpy_dtype(buf[-1]))
+    except (ImportError, ValueError, TypeError):
+        dt = None
+    if dt is not None and dt != a.dtype:
+        raise ArgumentError("%s: %s's datatype %s is not its data's dtype %s"
+                            % (_where("allreduce"), what, getattr(buf[-1], "name", buf[-1]), a.dtype))
+    if len(buf) == 3:
+        count = _whole(buf[1], what + "'s count", "allreduce")
+        if not 0 <= count <= a.size:
+            raise ArgumentError("%s: %s's count %d is outside its data's %d elements"
+                                % (_where("allreduce"), what, count, a.size))
+        if count < a.size:
+            a = a.reshape(-1)[:count]  # a view where a is contiguous (recvbuf must be)
+    return a
 
 
 def allreduce(sendbuf, recvbuf, op="sum", comm=None):
     """recvbuf[i] = op over ranks of sendbuf[i] (mpi4py's Allreduce call
-    shape). sendbuf may be IN_PLACE (mpiml's or mpi4py's); recvbuf must be a
-    writable contiguous numpy array or CPU tensor of sendbuf's dtype and size."""
-    recv = _array(_unwrap_spec(recvbuf), "allreduce", written=True)
-    if not isinstance(recv, np.ndarray):
-        raise ArgumentError("allreduce: recvbuf must be a numpy array or CPU tensor")
-    send = None if _is_in_place(sendbuf) else _array(_unwrap_spec(sendbuf), "allreduce")
+    shape, buffer specifications with a count and datatype too). sendbuf may
+    be IN_PLACE (mpiml's or mpi4py's); recvbuf must be a writable contiguous
+    numpy array or CPU tensor of sendbuf's dtype and size."""
+    recv = _spec_array(recvbuf, "recvbuf", written=True)
+    send = None if _is_in_place(sendbuf) else _spec_array(sendbuf, "sendbuf", written=False)
     _core.allreduce(send, recv, op, comm)
 
 
@@ -186,9 +216,12 @@ def broadcast(x, root=0, comm=None):
             x = _torch_array(x, "broadcast", written=True)
         except DtypeError:
             if not x.is_contiguous():
-                raise
+                raise ArgumentError("%s: a %s tensor must be contiguous (its bytes are broadcast "
+                                    "in place)" % (_where("broadcast"), x.dtype)) from None
             import torch  # a dtype numpy lacks: its bytes, in place
             x = _torch_array(x.detach().reshape(-1).view(torch.uint8), "broadcast")
+    if isinstance(x, np.ndarray) and x.dtype == np.float16:
+        x = x.view(np.uint16)  # no MPI datatype: its bytes (the same itemsize), in place
     _core.broadcast(x, _whole(root, "root", "broadcast"), comm)
 
 

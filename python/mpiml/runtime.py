@@ -321,6 +321,11 @@ atexit.register(_core._exit_guard_unstarted)
 # only that one starts MPI on its way out when it ends before starting it.
 if _core._rank_process_mark() is not None:
     os.environ["MPIML_RANK_PROCESS"] = _core._rank_process_mark()
+# Objects the interpreter destroys after the atexit handlers (a GradAverager
+# kept to the end) leave their collective frees to MPI_Finalize, which runs
+# the exit guard first: a rank that ends while another waits in a collective
+# ends the job with a line naming both, not a hang in a destructor.
+atexit.register(_core._defer_collective_frees)
 # Reports show Python stacks until the interpreter starts to go away (atexit
 # handlers run first at interpreter exit; MPI ends after the interpreter).
 atexit.register(_core._forget_python_stacks)

@@ -213,13 +213,13 @@ bool is_logical(const ReduceOp& op) {
 }
 
 // x as an array without a copy when it is one; anything else through numpy's conversion.
-py::array as_array(py::handle x) {
+py::array as_array(py::handle x, const char* call) {
     if (PyArray_Check(x.ptr())) return py::reinterpret_borrow<py::array>(x);
     if (!PyFloat_Check(x.ptr()) && !PyLong_Check(x.ptr()) && !PyList_Check(x.ptr()) &&
         !PyTuple_Check(x.ptr()) && !PyArray_IsScalar(x.ptr(), Generic)) {
         // Other objects (CPU tensors, ...): mpiml.mpi_tools._array (zero-copy for tensors).
         static py::object* conv = new py::object(py::module_::import("mpiml.mpi_tools").attr("_array"));
-        py::object a = (*conv)(x, "mpiml");
+        py::object a = (*conv)(x, call);
         if (!PyArray_Check(a.ptr())) throw py::type_error("mpiml: conversion did not give an array");
         return py::reinterpret_borrow<py::array>(a);
     }
@@ -251,7 +251,7 @@ py::object py_reduce(py::handle x_h, py::handle op_h, bool avg, py::handle comm_
     }
     // np.isscalar(x), as the seed: Python and numpy scalars give a numpy scalar.
     const bool scalar = PyArray_IsAnyScalar(x_h.ptr());
-    py::array x = as_array(x_h);
+    py::array x = as_array(x_h, call);
     const Comm comm = to_comm(comm_h, call);
     ReduceOp op = avg ? ReduceOp(Op::sum) : to_op(op_h, call);
     const char kind = descr(x)->kind;
@@ -314,28 +314,29 @@ py::object numpy_scalar(double v, int npy_type) {
 py::tuple py_statistics(py::handle x_h, bool with_min_and_max, py::handle comm_h) {
     PySite site;
     static const char* call = "mpi_statistics_scalar";
-    py::array x = as_array(x_h);
+    py::array x = as_array(x_h, call);
     const Comm comm = to_comm(comm_h, call);
     int out_type = NPY_DOUBLE;
     if (!(x.flags() & py::array::c_style)) x = py::array::ensure(x, py::array::c_style);
     const auto n = static_cast<std::size_t>(x.size());
     const MPI_Comm c = comm.get(call);
     Statistics s;
+    std::uint64_t bits = 64;  // the widest samples of any rank: float32 only where every rank's are
     const char kind = descr(x)->kind;
     if (kind == 'f' && descr(x)->elsize == 4 && descr(x)->byteorder != '>') {
-        out_type = NPY_FLOAT;
-        std::span<const float> v(static_cast<const float*>(x.data()), n);
+        const auto* p = static_cast<const float*>(x.data());
         py::gil_scoped_release nogil;
-        s = mpi_statistics_scalar(v, with_min_and_max, c);
+        s = detail::reduce_moments(detail::local_moments(p, n), c, call, &bits);
     } else {
         if (!(kind == 'f' || kind == 'i' || kind == 'u' || kind == 'b'))
             raise("DtypeError", call, "samples must be real numbers, got dtype " + dtype_str(x));
         py::array_t<double, py::array::c_style | py::array::forcecast> d =
             py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(x);
-        std::span<const double> v(d.data(), n);
+        const double* p = d.data();
         py::gil_scoped_release nogil;
-        s = mpi_statistics_scalar(v, with_min_and_max, c);
+        s = detail::reduce_moments(detail::local_moments(p, n), c, call, &bits);
     }
+    if (bits == 32) out_type = NPY_FLOAT;
     if (with_min_and_max)
         return py::make_tuple(numpy_scalar(s.mean, out_type), numpy_scalar(s.std, out_type),
                               numpy_scalar(s.min, out_type), numpy_scalar(s.max, out_type));
@@ -601,6 +602,10 @@ PYBIND11_MODULE(_core, m) {
         py::gil_scoped_release nogil;
         detail::exit_guard_run(true);
     });
+    // At interpreter exit: what the teardown destroys (a GradAverager's
+    // shared buckets) is freed by MPI_Finalize, after the exit guard, not
+    // collectively on the way (a peer may still wait in a collective).
+    m.def("_defer_collective_frees", [] { detail::defer_collective_frees(); });
     // At interpreter exit when mpi4py (or another library) started MPI and
     // this process made no mpiml call: ranks waiting in their first
     // collective learn that this one ended.

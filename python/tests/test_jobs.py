@@ -755,6 +755,59 @@ def test_torch_distributed_rank_that_exits_while_others_wait_ends_the_job(tmp_pa
                      r"allreduce #\d+ - aborting the job", out), out
 
 
+AVERAGER_KEPT_TO_THE_END = """
+    import sys
+    import torch
+    import mpiml
+    from mpiml.mpi_pytorch import GradAverager
+    rank = mpiml.proc_id()
+    model = torch.nn.Linear(4, 2)
+    avg = GradAverager(model, overlap=OVERLAP, overlap_on_one_node=OVERLAP, gradient_as_bucket_view=OVERLAP)
+    for step in range(3 if rank == 0 else 2):  # rank 1 stops one step early
+        model.zero_grad()
+        model(torch.randn(3, 4)).sum().backward()
+        avg()
+    if rank == 1:
+        sys.exit(3)
+    """
+
+
+@pytest.mark.parametrize("shm", ["1", "0"])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_rank_that_ends_with_its_grad_averager_alive_ends_the_job(tmp_path, shm, overlap):
+    # The interpreter's teardown destroys the averager: its shared buckets are
+    # left to MPI_Finalize (after the exit guard), not freed collectively while
+    # rank 0 still waits in the averager's allreduce.
+    if importlib.util.find_spec("mpiml._torch") is None:
+        pytest.skip("mpiml was built without LibTorch")
+    script = write(tmp_path, "kept.py", AVERAGER_KEPT_TO_THE_END.replace("OVERLAP", str(overlap)))
+    out = run_failing(mpirun(2, PY, script), 45, timeout=90, env=clean_env(MPIML_SHM=shm))
+    assert re.search(r"\[mpiml\] rank 1/2: exited with status 3 \(host [^)]+\) while rank 0 waits in "
+                     r"allreduce #\d+ - aborting the job", out), out
+
+
+AVERAGER_DROPPED_ON_ONE_RANK = """
+    import torch
+    import mpiml
+    from mpiml.mpi_pytorch import GradAverager
+    model = torch.nn.Linear(4, 2)
+    avg = GradAverager(model)
+    model(torch.randn(3, 4)).sum().backward()
+    avg()
+    if mpiml.proc_id() == 1:
+        del avg  # collective: rank 0 does not drop its own
+    mpiml.mpi_sum(1.0)
+    """
+
+
+def test_averager_dropped_on_one_rank_is_a_mismatch_not_a_hang(tmp_path):
+    if importlib.util.find_spec("mpiml._torch") is None:
+        pytest.skip("mpiml was built without LibTorch")
+    script = write(tmp_path, "dropped.py", AVERAGER_DROPPED_ON_ONE_RANK)
+    out = run_failing(mpirun(2, PY, script), 45, timeout=90)
+    assert re.search(r"mpi_sum on rank 0/2: mismatched .*rank 1 .*aborting the job", out), out
+
+
 GROUPS_AT_ONCE = """
     import torch, torch.distributed as dist, mpiml.torch
     mpiml.torch.init_process_group()

@@ -163,6 +163,12 @@ def test_allreduce_call_shapes():
     np.testing.assert_array_equal(z, ref)
     mt.allreduce([x, MPI.DOUBLE], [y, MPI.DOUBLE], op=MPI.SUM)
     np.testing.assert_array_equal(y, ref)
+    # a count: the first elements only, as mpi4py
+    ours, theirs = np.full(4, -1.0), np.full(4, -1.0)
+    mt.allreduce([x, 2, MPI.DOUBLE], [ours, 2, MPI.DOUBLE])
+    MPI.COMM_WORLD.Allreduce([x, 2, MPI.DOUBLE], [theirs, 2, MPI.DOUBLE])
+    np.testing.assert_array_equal(ours, theirs)
+    assert ours[2:].tolist() == [-1.0, -1.0]
 
 
 def test_allreduce_errors():
@@ -179,6 +185,25 @@ def test_allreduce_errors():
         mt.allreduce(x, ro)
     with pytest.raises(ValueError, match="unknown op"):
         mt.allreduce(x, np.zeros(4), op="mean")
+    where = "allreduce on rank %d/%d" % (RANK, SIZE)
+    out = [0.0] * 4  # a list cannot take the result
+    with pytest.raises(mpiml.ArgumentError, match=where + ": recvbuf must be a writable numpy array"):
+        mt.allreduce(x, out)
+    with pytest.raises(mpiml.ArgumentError, match=where + ": sendbuf's datatype .* is not its data's dtype float64"):
+        mt.allreduce([x, MPI.INT], np.zeros(4))
+    with pytest.raises(mpiml.ArgumentError, match=where + ": recvbuf's count 5 is outside its data's 4"):
+        mt.allreduce([x, 5, MPI.DOUBLE], [np.zeros(4), 5, MPI.DOUBLE])
+
+
+def test_tensors_numpy_cannot_hold_name_the_call_and_rank():
+    import torch
+    where = "on rank %d/%d" % (RANK, SIZE)
+    with pytest.raises(mpiml.DtypeError, match="mpi_sum %s: tensor dtype torch.bfloat16 .*t.float()" % where):
+        mt.mpi_sum(torch.ones(3, dtype=torch.bfloat16))
+    with pytest.raises(mpiml.ArgumentError, match="mpi_avg %s: a torch.sparse_coo tensor.*to_dense" % where):
+        mt.mpi_avg(torch.ones(3).to_sparse())
+    with pytest.raises(mpiml.ArgumentError, match="broadcast %s: a torch.bfloat16 tensor must be contiguous" % where):
+        mt.broadcast(torch.ones(4, dtype=torch.bfloat16)[::2])
 
 
 @pytest.mark.parametrize("root", sorted({0, SIZE - 1}))
@@ -193,6 +218,9 @@ def test_broadcast_in_place(root):
     t = torch.arange(3, dtype=torch.float64) + RANK
     mt.broadcast(t, root=root)
     assert t.tolist() == [root, root + 1.0, root + 2.0]
+    for x in (np.arange(5, dtype=np.float16) + RANK, torch.arange(5, dtype=torch.float16) + RANK):
+        mt.broadcast(x, root)  # float16 has no MPI datatype: its bytes
+        assert x.dtype in (np.float16, torch.float16) and list(map(float, x)) == [root + i for i in range(5)]
     for dt in (torch.bfloat16, torch.complex32):  # no numpy equivalent: bytes
         t = (torch.arange(6, dtype=torch.float32).reshape(2, 3) + RANK).to(dt)
         mt.broadcast(t, root=root)
@@ -214,6 +242,21 @@ def test_broadcast_errors():
 
 def samples(n, seed_=0):
     return np.random.default_rng(seed_ + RANK).normal(1.0, 2.0, n).astype(np.float32)
+
+
+def test_statistics_same_dtype_and_value_on_every_rank():
+    # rank 0 has no sample (an empty list: float64 to numpy), the others float32
+    # ones: every rank gets float32, as every rank that had samples; float64
+    # samples on any rank make it float64 everywhere
+    for wide in (False, True):
+        x = [] if RANK == 0 else samples(5).astype(np.float64 if wide and RANK == SIZE - 1 else np.float32)
+        if SIZE == 1:
+            x = samples(5)
+        got = mt.mpi_statistics_scalar(x, with_min_and_max=True)
+        want = np.float64 if wide and SIZE > 1 else np.float32
+        assert all(type(v) is want for v in got), (got, want)
+        everyone = MPI.COMM_WORLD.allgather([float(v) for v in got])
+        assert all(e == everyone[0] for e in everyone), everyone
 
 
 @pytest.mark.parametrize("sizes", [lambda r: 100, lambda r: 10 * r + 1, lambda r: 0 if r == 0 else 5])

@@ -113,14 +113,23 @@ Moments moments(const T* x, std::size_t n) {
 
 }  // namespace
 
-Moments local_moments(const double* x, std::size_t n) { return moments(x, n); }
-Moments local_moments(const float* x, std::size_t n) { return moments(x, n); }
+Moments local_moments(const double* x, std::size_t n) {
+    Moments m = moments(x, n);
+    m.bits = n ? 64 : 0;
+    return m;
+}
+Moments local_moments(const float* x, std::size_t n) {
+    Moments m = moments(x, n);
+    m.bits = n ? 32 : 0;
+    return m;
+}
 
 Moments combine(const Moments& a, const Moments& b) {
     if (a.count == 0) return b;
     if (b.count == 0) return a;
     Moments r;
     r.count = a.count + b.count;
+    r.bits = std::max(a.bits, b.bits);
     const double na = static_cast<double>(a.count), nb = static_cast<double>(b.count);
     const double n = static_cast<double>(r.count);
     if (!std::isfinite(a.mean) || !std::isfinite(b.mean)) {
@@ -141,7 +150,7 @@ Moments combine(const Moments& a, const Moments& b) {
     return r;
 }
 
-Statistics reduce_moments(const Moments& local, MPI_Comm comm, const char* call) {
+Statistics reduce_moments(const Moments& local, MPI_Comm comm, const char* call, std::uint64_t* widest_bits) {
     int size = 0;
     check_mpi(MPI_Comm_size(comm, &size), call);
     // One collective: every rank gets every rank's summary and combines them
@@ -154,6 +163,7 @@ Statistics reduce_moments(const Moments& local, MPI_Comm comm, const char* call)
             all[i] = combine(all[i], all[i + step]);
     const Moments& g = all[0];
     if (g.count == 0) fail(call, "no rank has any sample (every rank passed an empty range)");
+    if (widest_bits) *widest_bits = g.bits;
     Statistics s;
     s.count = g.count;
     s.mean = g.mean;

@@ -397,7 +397,8 @@ at::Tensor view_of(void* data, const at::Tensor& param, std::shared_ptr<void> ke
 /// rank), but not while an exception unwinds this rank (a failure: the other
 /// ranks are not destroying theirs, and the job ends).
 void free_or_keep(std::vector<std::shared_ptr<void>> mems, MPI_Comm comm, const char* call) {
-    if (mems.empty() || is_finalized()) return;  // finalize freed the windows
+    if (mems.empty() || is_finalized() || detail::collective_frees_deferred())
+        return;  // finalize freed the windows, or frees them
     int viewed = std::any_of(mems.begin(), mems.end(), [](const auto& m) { return m.use_count() > 1; });
     if (std::uncaught_exceptions() > 0) {
         viewed = 1;
@@ -1028,7 +1029,7 @@ public:
             std::lock_guard lk(m_);
             under_way = next_ > 0 || std::any_of(fired_.begin(), fired_.end(), [](char f) { return f; });
         }
-        if (under_way) {  // ends the step as the call would, so no rank is left waiting
+        if (under_way && !detail::collective_frees_deferred()) {  // ends the step as the call would
             try {
                 finish(kAveragerCall, /*rebuild_plan=*/false);
             } catch (const std::exception&) {
@@ -1333,7 +1334,14 @@ struct GradAveragerImpl {
     GradState packed;
     std::unique_ptr<Overlap> overlap;  // before packed in destruction: it runs packed's plan
     ~GradAveragerImpl() {
+        overlap.reset();
         if (!views.buckets.empty()) release_views(views);
+        // Freed as the views' buckets are: after an agreement mpiml sees (a
+        // rank that destroys it while another waits in a collective meets a
+        // mismatch, the watchdog or the exit guard, not a silent MPI_Win_free).
+        if (packed.shared)
+            free_or_keep({std::shared_ptr<SharedBucket>(std::move(packed.shared))}, packed.shared_comm,
+                         "mpiml::GradAverager");
     }
 };
 }  // namespace detail

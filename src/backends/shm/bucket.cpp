@@ -181,6 +181,14 @@ SharedBucket& SharedBucket::operator=(SharedBucket&& o) noexcept {
     return *this;
 }
 
+namespace detail {
+namespace {
+std::atomic<bool> frees_deferred{false};
+}
+void defer_collective_frees() noexcept { frees_deferred.store(true, std::memory_order_relaxed); }
+bool collective_frees_deferred() noexcept { return frees_deferred.load(std::memory_order_relaxed); }
+}  // namespace detail
+
 void SharedBucket::release() noexcept {
     if (win_ == MPI_WIN_NULL) return;
     int finalized = 0;
@@ -190,7 +198,8 @@ void SharedBucket::release() noexcept {
         detail::bucket_memory().erase(data_);
         detail::bucket_count.store(detail::bucket_memory().size(), std::memory_order_relaxed);
     }
-    if (!finalized && detail::remove_bucket_window(id_)) {  // else mpiml's finalize freed it
+    // Else mpiml's finalize freed it, or frees it (deferred).
+    if (!finalized && !detail::collective_frees_deferred() && detail::remove_bucket_window(id_)) {
         MPI_Win_unlock_all(win_);
         MPI_Win_free(&win_);
     }
