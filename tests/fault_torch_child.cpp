@@ -12,7 +12,9 @@
 // at step 2 the faulty rank calls std::exit(3) or returns from main while the
 // others wait in the averaging. The job must end with a non-zero status and a
 // message naming the rank, never hang. FAULT_BUCKET_VIEWS set: with
-// gradient_as_bucket_view too.
+// gradient_as_bucket_view too. averager_return: a GradAverager (no overlap)
+// that the faulty rank destroys as it returns from main at step 2, while the
+// others wait in its allreduce (its buckets' release is collective).
 #include <mpiml/mpiml.hpp>
 #include <mpiml/torch.hpp>
 
@@ -55,8 +57,27 @@ int free_function(const std::string& mode, int faulty) {
     return 0;
 }
 
+int averager_return(int faulty) {
+    const int rank = mpiml::proc_id();
+    torch::manual_seed(1);
+    torch::nn::Sequential net(torch::nn::Linear(64, 256), torch::nn::Linear(256, 8));
+    mpiml::GradAverager avg(net);
+    const auto x = torch::randn({32, 64}), y = torch::randn({32, 8});
+    for (int step = 0; step < 5; ++step) {
+        if (step == 2 && rank == faulty) {
+            fault_mark();
+            return 0;
+        }
+        net->zero_grad();
+        torch::nn::functional::mse_loss(net->forward(x), y).backward();
+        avg();
+    }
+    return 0;
+}
+
 int body(const std::string& mode, int faulty) {
     if (mode.starts_with("free_")) return free_function(mode, faulty);
+    if (mode == "averager_return") return averager_return(faulty);
     const int rank = mpiml::proc_id();
     torch::manual_seed(1);
     torch::nn::Sequential net(torch::nn::Linear(64, 256), torch::nn::Linear(256, 256),
