@@ -43,8 +43,7 @@ def _whole(v, what, call, rank=True):
             return operator.index(v)
         except TypeError:
             pass
-    where = " on rank %d/%d" % (_core.proc_id(None), _core.num_procs(None)) if rank else ""
-    raise ArgumentError("%s%s: %s must be an int, got %r" % (call, where, what, v))
+    raise ArgumentError("%s: %s must be an int, got %r" % (_where(call) if rank else call, what, v))
 
 
 class _InPlace:
