@@ -2,6 +2,7 @@
 // collectives; the faulty rank misbehaves as <mode> says. The job must end
 // with a non-zero status and a message naming the rank, never hang.
 #include <mpiml/mpiml.hpp>
+#include <mpiml/shm.hpp>
 
 #include "fault_mark.hpp"
 
@@ -20,6 +21,8 @@
 namespace {
 
 volatile int* null_ptr = nullptr;
+
+struct Handled {};  // an exception the program catches itself
 
 void step(int i) {
     std::vector<double> v(1000, 1.0 * i);
@@ -89,6 +92,20 @@ int body(const std::string& mode, int faulty) {
             throw std::runtime_error("handled by exiting");
         } catch (const std::exception&) {
             std::exit(4);
+        }
+    }
+    // A SharedBucket made by hand: the faulty rank leaves its scope (destroys
+    // it) while the others go on to step(2); bucket_caught: by an exception
+    // it catches, then it ends with status 4.
+    if (mode == "bucket_return" || mode == "bucket_caught") {
+        try {
+            mpiml::SharedBucket b(4096);
+            b.average<double>(16);
+            if (me && mode == "bucket_return") return 0;
+            if (me) throw Handled();
+            step(2);
+        } catch (const Handled&) {
+            return 4;
         }
     }
     if (mode == "early_ok") {  // not a failure: the faulty rank ends first, the others work on

@@ -62,7 +62,10 @@ struct ShmContext;
 /// A buffer of `bytes` bytes per rank, in memory shared by the ranks of a node.
 /// Constructing, reducing and destroying it are collective over comm (every
 /// rank, same order, same size). Destroy it before MPI_Finalize or let mpiml's
-/// finalize release it.
+/// finalize release it. Its destruction is checked as a collective: a rank
+/// that destroys it while the others wait in another collective meets the
+/// mismatch error, the exit guard or the watchdog, and a bucket destroyed
+/// while an exception unwinds is left to finalize.
 class SharedBucket {
 public:
     SharedBucket(std::size_t bytes, Comm comm = {});
@@ -125,6 +128,15 @@ std::unique_ptr<SharedBucket> collective_memory(std::size_t bytes, MPI_Comm comm
 /// collective and never free its own.
 void defer_collective_frees() noexcept;
 bool collective_frees_deferred() noexcept;
+/// While one is alive on this thread, buckets released skip their own
+/// agreement: the caller has made one (every rank at the same point).
+class FreesAgreed {
+public:
+    FreesAgreed() noexcept;
+    ~FreesAgreed();
+    FreesAgreed(const FreesAgreed&) = delete;
+    FreesAgreed& operator=(const FreesAgreed&) = delete;
+};
 }  // namespace detail
 
 }  // namespace mpiml

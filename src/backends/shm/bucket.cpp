@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <unordered_map>
 #include <string>
@@ -184,9 +185,33 @@ SharedBucket& SharedBucket::operator=(SharedBucket&& o) noexcept {
 namespace detail {
 namespace {
 std::atomic<bool> frees_deferred{false};
+thread_local int frees_agreed = 0;
 }
 void defer_collective_frees() noexcept { frees_deferred.store(true, std::memory_order_relaxed); }
 bool collective_frees_deferred() noexcept { return frees_deferred.load(std::memory_order_relaxed); }
+FreesAgreed::FreesAgreed() noexcept { ++frees_agreed; }
+FreesAgreed::~FreesAgreed() { --frees_agreed; }
+
+namespace {
+/// Whether every rank of comm is releasing its bucket here: a small
+/// allreduce mpiml tracks (a rank that destroys its bucket while the others
+/// wait in another collective meets the mismatch check, the exit guard or
+/// the watchdog, not a silent wait in MPI_Win_free). Not while an exception
+/// unwinds this rank: the others are not releasing theirs, and finalize
+/// frees it after the exit guard.
+bool all_release(MPI_Comm comm) noexcept {
+    if (std::uncaught_exceptions() > 0) return false;
+    if (frees_agreed > 0) return true;  // the caller agreed
+    int one = 1;
+    try {
+        allreduce(MPI_IN_PLACE, &one, 1, MPI_INT, TypeClass::integer, Op::min, comm,
+                  "mpiml::SharedBucket::~SharedBucket");
+    } catch (const std::exception&) {
+        return false;  // finalize frees it; the others meet the same error or the exit guard
+    }
+    return one == 1;
+}
+}  // namespace
 }  // namespace detail
 
 void SharedBucket::release() noexcept {
@@ -198,8 +223,9 @@ void SharedBucket::release() noexcept {
         detail::bucket_memory().erase(data_);
         detail::bucket_count.store(detail::bucket_memory().size(), std::memory_order_relaxed);
     }
-    // Else mpiml's finalize freed it, or frees it (deferred).
-    if (!finalized && !detail::collective_frees_deferred() && detail::remove_bucket_window(id_)) {
+    // Else mpiml's finalize freed it, or frees it (deferred, or not agreed).
+    if (!finalized && !detail::collective_frees_deferred() && detail::all_release(comm_) &&
+        detail::remove_bucket_window(id_)) {
         MPI_Win_unlock_all(win_);
         MPI_Win_free(&win_);
     }
