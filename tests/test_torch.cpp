@@ -467,6 +467,33 @@ TEST(TorchAvgGrads, MismatchNamesTheCallSite) {
     expect_error([&] { mpiml::GradAverager avg(m); }, {"mpiml::GradAverager", at(make_line)});
 }
 
+// A GradAverager compares its parameters' names, shapes and dtypes across
+// ranks at construction, checks on or off: models of the same total size but
+// other shapes would be averaged element by element without an error.
+TEST(GradAverager, ShapesThatDifferAreAnErrorWithChecksOff) {
+    if (size() == 1) GTEST_SKIP() << "needs 2+ ranks";
+    const bool was = mpiml::check_enabled();
+    mpiml::set_check(false);
+    const bool last = rank() == size() - 1;
+    torch::nn::Linear m(torch::nn::LinearOptions(last ? 3 : 2, last ? 4 : 6).bias(false));  // 12 each
+    const int line = __LINE__ + 1;
+    expect_error([&] { mpiml::GradAverager avg(m); },
+                 {"mpiml::GradAverager on rank " + std::to_string(rank()) + "/", "'weight'", "[4, 3]",
+                  "rank " + std::to_string(size() - 1),
+                  "called at " + std::string(__FILE__) + ":" + std::to_string(line)});
+    auto p = torch::ones(last ? std::vector<std::int64_t>{3, 4} : std::vector<std::int64_t>{2, 6},
+                         last ? torch::kFloat64 : torch::kFloat32).requires_grad_();
+    expect_error([&] { mpiml::GradAverager avg(std::vector<torch::Tensor>{p}); },
+                 {"mpiml::GradAverager on rank ", "tensor '0'", "float64"});
+    // Nothing was left half-built: alike, it averages everywhere.
+    auto q = torch::ones({2, 6}).requires_grad_();
+    mpiml::GradAverager avg(std::vector<torch::Tensor>{q});
+    (q * static_cast<double>(rank())).sum().backward();
+    avg();
+    EXPECT_TRUE(q.grad().allclose(torch::full({2, 6}, (size() - 1) / 2.0)));
+    mpiml::set_check(was);
+}
+
 // The collectives of the helpers are in the history with the caller's line.
 TEST(TorchAvgGrads, HistoryNamesTheCallSite) {
     if (size() == 1) GTEST_SKIP() << "one rank: the helpers run no collective";

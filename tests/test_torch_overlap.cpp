@@ -520,28 +520,34 @@ TEST(TorchOverlap, LocalBadGradientThrowsThereAtTheCall) {
     EXPECT_TRUE(net->never->bias.grad().allclose(torch::full({3}, mean)));
 }
 
+// A failure on the communication thread is rethrown at the call, naming the
+// rank: rank 0's bucket meets another collective on the other ranks (a
+// mismatch the checks catch), whose own call fails alike.
 TEST(TorchOverlap, FailedCollectiveThrowsEverywhereAtTheCall) {
+    if (size() == 1) GTEST_SKIP() << "needs 2+ ranks";
     const bool was = mpiml::check_enabled();
-    mpiml::set_check(false);  // construction does not compare the ranks' parameters
-    auto p = torch::ones({rank() == 1 ? 5 : 4}).requires_grad_();
+    mpiml::set_check(true);
+    auto p = torch::ones({4}).requires_grad_();
     mpiml::AvgGradsOptions o;
     o.overlap = true;
     o.overlap_on_one_node = true;  // the overlapped path on one host too
     mpiml::GradAverager avg(std::vector<torch::Tensor>{p}, o);
-    mpiml::set_check(true);  // the bucket's allreduce: counts differ
     (p * 2).sum().backward();
-    // The collective's own error (its call, this rank), rethrown at the call:
-    // the shared-memory path's or MPI's path's check.
-    expect_error([&] { avg(); }, {"on rank " + std::to_string(rank()) + "/",
-                                  "different sizes|mismatched collectives"});
+    avg();  // the first step, everywhere: the plan is set
+    if (rank() == 0) {
+        (p * 2).sum().backward();
+        expect_error([&] { avg(); }, {"on rank 0/", "mismatched"});
+    } else {
+        std::vector<int> v(3, 1);
+        expect_error([&] { mpiml::allreduce(v, mpiml::Op::sum); }, {"mismatched"});
+    }
+    EXPECT_EQ(mpiml::mpi_sum(1), size());  // the communicator is still usable
     mpiml::set_check(was);
 }
 
 // With the checks off, ranks on different nodes whose parameters differ in
-// size: MPI's path sends the count before the pieces, and every rank fails
-// at the call instead of mismatching pieces or waiting for them (nodes
-// simulated on one host: the check's round, which MPI's path runs there
-// without MPIML_CHECK, fails first).
+// size: construction compares the parameters, and every rank fails there,
+// before any bucket's pieces go out on MPI's path.
 TEST(TorchOverlap, MpiPathCountsThatDifferFailAcrossNodesChecksOff) {
     const std::vector<int> node = node_numbers();
     if (size() < 2 || std::set<int>(node.begin(), node.end()).size() != node.size())
@@ -553,11 +559,32 @@ TEST(TorchOverlap, MpiPathCountsThatDifferFailAcrossNodesChecksOff) {
     auto p = torch::ones({100003 + 1000 * rank()}).requires_grad_();
     mpiml::AvgGradsOptions o;
     o.overlap = true;
-    mpiml::GradAverager avg(std::vector<torch::Tensor>{p}, o);
-    (p * 2).sum().backward();
-    expect_error([&] { avg(); }, {"on rank " + std::to_string(rank()) + "/",
-                                  "ranks passed different counts|mismatched collectives"});
+    expect_error([&] { mpiml::GradAverager avg(std::vector<torch::Tensor>{p}, o); },
+                 {"on rank " + std::to_string(rank()) + "/", "tensor '0' float32[10"});
     mpiml::set_check(was);
+}
+
+// close() frees the buckets now, as the destructor would; a call after it is
+// an error naming it; a new averager works everywhere.
+TEST(TorchOverlap, CloseReleasesAndEndsTheAverager) {
+    auto p = torch::ones({40}).requires_grad_();
+    for (bool overlap : {false, true}) {
+        mpiml::AvgGradsOptions o;
+        o.overlap = overlap;
+        o.overlap_on_one_node = true;
+        mpiml::GradAverager avg(std::vector<torch::Tensor>{p}, o);
+        (p * static_cast<double>(rank())).sum().backward();
+        avg();
+        avg.close();
+        avg.close();  // twice: nothing more
+        EXPECT_EQ(avg.size(), 0u);
+        expect_error([&] { avg(); }, {"mpiml::GradAverager", "close()"});
+        p.mutable_grad() = torch::Tensor();
+    }
+    mpiml::GradAverager again(std::vector<torch::Tensor>{p});
+    (p * static_cast<double>(rank())).sum().backward();
+    again();
+    EXPECT_TRUE(p.grad().allclose(torch::full({40}, (size() - 1) / 2.0)));
 }
 
 TEST(TorchOverlap, SecondBackwardWithoutNoSyncIsAnError) {

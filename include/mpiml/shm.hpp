@@ -127,7 +127,21 @@ std::unique_ptr<SharedBucket> collective_memory(std::size_t bytes, MPI_Comm comm
 /// interpreter's teardown at exit, where a peer may still wait in a
 /// collective and never free its own.
 void defer_collective_frees() noexcept;
+/// Whether frees are deferred: for the process, or on this thread (a
+/// DeferFrees alive on it).
 bool collective_frees_deferred() noexcept;
+/// Whether defer_collective_frees() was called (the process is ending).
+bool process_frees_deferred() noexcept;
+/// While one is alive on this thread, buckets released are left to
+/// MPI_Finalize as after defer_collective_frees(): for a destruction whose
+/// moment differs between ranks (Python's garbage collector).
+class DeferFrees {
+public:
+    DeferFrees() noexcept;
+    ~DeferFrees();
+    DeferFrees(const DeferFrees&) = delete;
+    DeferFrees& operator=(const DeferFrees&) = delete;
+};
 /// While one is alive on this thread, buckets released skip their own
 /// agreement: the caller has made one (every rank at the same point).
 class FreesAgreed {

@@ -218,6 +218,10 @@ public:
     };
     [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
+    /// Releases the plan and buckets now, as the destructor does: collective
+    /// (every rank at the same point). The averager cannot be called after.
+    void close();
+
     /// Parameters whose gradients are averaged.
     std::size_t size() const;
 

@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -111,9 +112,18 @@ std::size_t cap_bytes(double mb, const char* call) {
 // parameters are read again (the GIL held) and, when one was added, removed
 // or replaced since, the call throws after its collectives. The module is
 // held as a weak reference.
-struct PyGradAverager : mpiml::GradAverager {
+// Its destruction frees nothing collectively: Python destroys it when the
+// last reference goes, or when the garbage collector finds it in a cycle, at
+// a moment of its own on each rank. Its node-shared buckets are then left to
+// MPI_Finalize; close() frees them now (collective). The first base ends the
+// deferral after GradAverager's destructor.
+struct EndDeferral {
+    std::optional<mpiml::detail::DeferFrees> deferral;
+};
+struct PyGradAverager : EndDeferral, mpiml::GradAverager {
     PyGradAverager(const std::vector<at::Tensor>& ts, const mpiml::AvgGradsOptions& o, const mpiml::Comm& c)
         : mpiml::GradAverager(ts, o, c), made(ts) {}
+    ~PyGradAverager() { deferral.emplace(); }
     std::vector<at::Tensor> made;
     py::object module = py::none();  // a weakref, or None: tensors given, not a module
 
@@ -172,7 +182,8 @@ PYBIND11_MODULE(_torch, m) {
         "mpi_avg_grads(module, ...) does, without planning again. After changing the model\n"
         "(parameters added, removed or replaced, dtypes, sizes, requires_grad), make a new\n"
         "GradAverager: a call on a changed model raises ArgumentError after its collectives.\n"
-        "Construction, each call and destruction are collective over comm.\n"
+        "Construction, each call and close() are collective over comm; dropping it frees\n"
+        "nothing collectively (its node-shared buckets are kept until the program ends).\n"
         "overlap=True: buckets are averaged on a communication thread while backward() runs\n"
         "(reverse parameter order, as DDP); avg() finishes them. Accumulate several\n"
         "backward() passes under `with avg.no_sync():`. When every rank of comm is on one node,\n"
@@ -239,6 +250,25 @@ PYBIND11_MODULE(_torch, m) {
              "once at the first call in the order rank 0's gradients became final (the same\n"
              "plan on every rank). Empty without overlap (or on one node, see\n"
              "overlap_on_one_node) or with one rank.")
+        .def("close", [](PyGradAverager& a) {
+            PySite site;
+            py::gil_scoped_release nogil;
+            a.close();
+        }, "Frees the plan and the node-shared buckets now (collective: every rank at the\n"
+           "same point); the averager cannot be called after. Dropping the last reference\n"
+           "frees nothing collectively (Python may do it at a different moment on each\n"
+           "rank): the buckets are then kept until the program ends.")
+        .def("__enter__", [](py::object self) { return self; })
+        .def("__exit__", [](PyGradAverager& a, py::handle type, py::handle, py::handle) {
+            if (!type.is_none()) return false;  // a failure: the other ranks are elsewhere
+            PySite site;
+            {
+                py::gil_scoped_release nogil;
+                a.close();
+            }
+            return false;
+        }, "Leaving a `with GradAverager(...) as avg:` block calls close() (not when an\n"
+           "exception leaves it: the other ranks may not be there).")
         .def("__len__", &mpiml::GradAverager::size, "Parameters whose gradients are averaged.");
     m.def("sync_params", [](py::handle module, int root, py::handle comm) {
         PySite site;

@@ -283,6 +283,39 @@ def test_sync_params_on_different_devices_is_a_mismatch():
         mp.sync_params(m)
 
 
+def test_grad_averager_over_other_shapes_is_an_error_with_checks_off():
+    # The same total size, other shapes: without the comparison at
+    # construction every rank would average element by element, silently.
+    if SIZE == 1:
+        pytest.skip("needs 2 or more ranks: one rank has no peer to disagree with")
+    was = mpiml.check_enabled()
+    mpiml.set_check(False)
+    try:
+        last = RANK == SIZE - 1
+        m = nn.Linear(3 if last else 2, 4 if last else 6, bias=False)  # 12 weights each
+        with pytest.raises(mpiml.Error, match=r"mpiml::GradAverager on rank %d/%d: .*\[4, 3\]"
+                                              % (RANK, SIZE)) as err:
+            mp.GradAverager(m)
+        assert err.value.rank == RANK
+        q = nn.Linear(2, 6, bias=False)
+        avg = mp.GradAverager(q)  # then alike: works everywhere
+        fill_grads(q)
+        avg()
+    finally:
+        mpiml.set_check(was)
+
+
+def test_grad_averager_close_and_with_block():
+    m = nn.Linear(3, 2)
+    with mp.GradAverager(m) as avg:
+        fill_grads(m)
+        avg()
+    with pytest.raises(mpiml.Error, match=r"GradAverager.*close\(\)"):
+        avg()  # closed when the block ended
+    avg.close()  # again: nothing more
+    assert len(avg) == 0
+
+
 def test_mismatch_names_the_python_call_site():
     # the error ends with each rank's call site: this file's line, this function
     if SIZE == 1:

@@ -14,6 +14,7 @@ from torch import nn
 
 import mpiml
 from mpiml import mpi_pytorch as mp
+from mpiml import mpi_tools
 from ranks import RANK, SIZE, allgather, barrier
 
 
@@ -95,17 +96,27 @@ def test_equals_one_process_and_bit_for_bit_without_overlap(cap_mb, micro, as_vi
 
 
 def test_failure_on_the_communication_thread_names_the_rank():
-    # Parameters that differ across ranks (not compared at construction with
-    # the checks off): the bucket's collective fails on every rank, on the
-    # communication thread, and the call raises it.
+    # Rank 0's bucket meets another collective on the other ranks (a mismatch
+    # the checks catch): the collective fails on rank 0's communication
+    # thread and the call raises it; the others' own call fails alike.
+    if SIZE == 1:
+        pytest.skip("needs 2 or more ranks")
     was = mpiml.check_enabled()
-    mpiml.set_check(False)
-    p = nn.Parameter(torch.ones(5 if RANK == 1 else 4))
+    mpiml.set_check(True)
+    p = nn.Parameter(torch.ones(4))
     avg = mp.GradAverager([p], overlap=True, overlap_on_one_node=True)
-    mpiml.set_check(was)
     (p * 2).sum().backward()
-    with pytest.raises(mpiml.Error, match=r"on rank %d/%d: .*different" % (RANK, SIZE)):
-        avg()
+    avg()  # the first step, everywhere: the plan is set
+    try:
+        if RANK == 0:
+            (p * 2).sum().backward()
+            with pytest.raises(mpiml.Error, match=r"on rank 0/%d: .*mismatched" % SIZE):
+                avg()
+        else:
+            with pytest.raises(mpiml.Error, match="mismatched"):
+                mpi_tools.mpi_sum(torch.ones(3, dtype=torch.int64))
+    finally:
+        mpiml.set_check(was)
     del avg  # one averager with overlap per communicator at a time
     p2 = nn.Parameter(torch.ones(4))
     avg2 = mp.GradAverager([p2], overlap=True, overlap_on_one_node=True)

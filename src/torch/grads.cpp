@@ -9,6 +9,7 @@
 // them on a communication thread as backward() finishes them (class Overlap).
 #include "torch/common.hpp"
 
+#include "core/agreement.hpp"
 #include "core/backend.hpp"
 #include "core/state.hpp"
 
@@ -397,10 +398,9 @@ at::Tensor view_of(void* data, const at::Tensor& param, std::shared_ptr<void> ke
 /// rank), but not while an exception unwinds this rank (a failure: the other
 /// ranks are not destroying theirs, and the job ends).
 void free_or_keep(std::vector<std::shared_ptr<void>> mems, MPI_Comm comm, const char* call) {
-    if (mems.empty() || is_finalized() || detail::collective_frees_deferred())
-        return;  // finalize freed the windows, or frees them
+    if (mems.empty() || is_finalized()) return;  // finalize freed the windows
     int viewed = std::any_of(mems.begin(), mems.end(), [](const auto& m) { return m.use_count() > 1; });
-    if (std::uncaught_exceptions() > 0) {
+    if (std::uncaught_exceptions() > 0 || detail::collective_frees_deferred()) {
         viewed = 1;
     } else {
         try {
@@ -409,7 +409,11 @@ void free_or_keep(std::vector<std::shared_ptr<void>> mems, MPI_Comm comm, const 
             viewed = 1;
         }
     }
-    if (!viewed) return;  // freed here, as mems goes
+    if (!viewed) {  // freed here, after the agreement just made
+        detail::FreesAgreed agreed;
+        mems.clear();
+        return;
+    }
     static std::mutex m;
     static auto* kept = new std::vector<std::shared_ptr<void>>;  // never destroyed: finalize frees the windows
     std::lock_guard lk(m);
@@ -904,15 +908,40 @@ void avg_packed_cached(const std::vector<Eligible>& ps, const AvgGradsOptions& o
 /// Every rank must pass the options that decide which collectives run and
 /// their sizes alike (one small allreduce); otherwise, across hosts, ranks
 /// would wait in different collectives until MPIML_TIMEOUT.
-void agree_options(const AvgGradsOptions& opts, MPI_Comm comm, const char* call) {
-    const Setting settings[] = {
+std::array<Setting, 5> option_settings(const AvgGradsOptions& opts) {
+    return {{
         {"overlap", opts.overlap, true},
         {"quiet_wait", opts.overlap ? opts.quiet_wait : true, true, /*only_if overlap*/ 0},
         {"overlap_on_one_node", opts.overlap && opts.overlap_on_one_node, true, /*only_if overlap*/ 0},
         {"gradient_as_bucket_view", opts.gradient_as_bucket_view, true},
         {"bucket_cap_bytes", static_cast<std::int64_t>(opts.bucket_cap_bytes)},
-    };
-    verify_same_settings(settings, static_cast<int>(std::size(settings)), "AvgGradsOptions", comm, call);
+    }};
+}
+
+void agree_options(const AvgGradsOptions& opts, MPI_Comm comm, const char* call) {
+    const auto settings = option_settings(opts);
+    verify_same_settings(settings.data(), static_cast<int>(settings.size()), "AvgGradsOptions", comm, call);
+}
+
+/// A GradAverager's options and parameters (names, shapes, dtypes) alike on
+/// every rank, in the one small allreduce agree_options makes: models of the
+/// same total size but other shapes would otherwise be averaged element by
+/// element without an error. On a difference, every rank throws naming it.
+void agree_averager(const AvgGradsOptions& opts, const std::vector<std::string>& descs,
+                    MPI_Comm comm, const char* call) {
+    const auto settings = option_settings(opts);
+    std::array<std::int64_t, std::tuple_size_v<decltype(settings)> + 1> mine{};
+    for (std::size_t i = 0; i < settings.size(); ++i) mine[i] = settings[i].value;
+    std::uint64_t h = fnv_basis;
+    for (const std::string& d : descs) {
+        const std::uint64_t dh = hash_desc(d);
+        h = fnv1a(&dh, sizeof dh, h);
+    }
+    std::memcpy(&mine.back(), &h, sizeof h);
+    if (detail::agree(mine.data(), static_cast<int>(mine.size()), comm, call)) return;
+    agree_options(opts, comm, call);    // throws naming the options that differ
+    verify_same(descs, -1, comm, call);  // throws naming the parameter
+    detail::fail(call, "internal error: the ranks' options and parameters disagree, then agree");
 }
 
 void avg_grads(const std::vector<at::Tensor>& params, const AvgGradsOptions& opts,
@@ -1029,7 +1058,8 @@ public:
             std::lock_guard lk(m_);
             under_way = next_ > 0 || std::any_of(fired_.begin(), fired_.end(), [](char f) { return f; });
         }
-        if (under_way && !detail::collective_frees_deferred()) {  // ends the step as the call would
+        // Ends the step as the call would (not at the process's end: a peer may be gone).
+        if (under_way && !detail::process_frees_deferred()) {
             try {
                 finish(kAveragerCall, /*rebuild_plan=*/false);
             } catch (const std::exception&) {
@@ -1357,9 +1387,9 @@ bool spans_nodes(MPI_Comm comm) {
 
 std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Tensor>& params,
                                                         const AvgGradsOptions& asked, MPI_Comm comm,
-                                                        const std::vector<std::string>* descs) {
+                                                        const std::vector<std::string>& descs) {
     const int size = num_procs(comm);
-    if (size > 1) agree_options(asked, comm, kAveragerCall);
+    if (size > 1) agree_averager(asked, descs, comm, kAveragerCall);
     AvgGradsOptions opts = asked;  // alike on every rank (agreed)
     if (opts.overlap) {  // alike on every rank (agreed): before any other collective
         int provided = MPI_THREAD_SINGLE;
@@ -1374,7 +1404,6 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
     }
     if (opts.overlap && size > 1 && !opts.overlap_on_one_node && !spans_nodes(comm))
         opts.overlap = false;  // one node: nothing to hide (see AvgGradsOptions::overlap)
-    if (descs) verify_same(*descs, -1, comm, kAveragerCall);
     auto impl = std::make_unique<detail::GradAveragerImpl>();
     impl->comm = comm;
     impl->size = size;
@@ -1430,10 +1459,10 @@ GradAverager::GradAverager(torch::nn::Module& module, const AvgGradsOptions& opt
     std::vector<at::Tensor> params;
     std::vector<std::string> descs;
     for (const auto& e : module_entries(module, /*with_buffers=*/false)) {
-        if (check_enabled()) descs.push_back(describe_grad(e.kind, e.name, e.tensor));
+        descs.push_back(describe_grad(e.kind, e.name, e.tensor));
         params.push_back(e.tensor);
     }
-    impl_ = make_averager(params, opts, c, check_enabled() ? &descs : nullptr);
+    impl_ = make_averager(params, opts, c, descs);
     try {  // a module not held by a shared_ptr is not checked
         impl_->module = module.shared_from_this();
     } catch (const std::bad_weak_ptr&) {
@@ -1445,13 +1474,14 @@ GradAverager::GradAverager(const std::vector<torch::Tensor>& params, const AvgGr
     detail::SiteMark site(loc);
     const MPI_Comm c = comm.get(kAveragerCall);
     std::vector<std::string> descs;
-    if (check_enabled())
-        for (std::size_t i = 0; i < params.size(); ++i)
-            if (params[i].defined()) descs.push_back(describe_grad("tensor", std::to_string(i), params[i]));
-    impl_ = make_averager(params, opts, c, check_enabled() ? &descs : nullptr);
+    for (std::size_t i = 0; i < params.size(); ++i)
+        if (params[i].defined()) descs.push_back(describe_grad("tensor", std::to_string(i), params[i]));
+    impl_ = make_averager(params, opts, c, descs);
 }
 
 GradAverager::~GradAverager() = default;
+
+void GradAverager::close() { impl_.reset(); }
 GradAverager::GradAverager(GradAverager&&) noexcept = default;
 GradAverager& GradAverager::operator=(GradAverager&&) noexcept = default;
 
@@ -1471,7 +1501,7 @@ std::size_t GradAverager::size() const {
 
 void GradAverager::operator()(std::source_location loc) {
     detail::SiteMark site(loc);
-    if (!impl_) detail::fail(kAveragerCall, "used after being moved from");
+    if (!impl_) detail::fail(kAveragerCall, "used after close() or after being moved from");
     auto& im = *impl_;
     if (im.size == 1) return;
     const std::string changed = model_changed(im);  // local: thrown after the collectives

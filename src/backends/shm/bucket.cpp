@@ -186,9 +186,15 @@ namespace detail {
 namespace {
 std::atomic<bool> frees_deferred{false};
 thread_local int frees_agreed = 0;
+thread_local int frees_deferred_here = 0;
 }
 void defer_collective_frees() noexcept { frees_deferred.store(true, std::memory_order_relaxed); }
-bool collective_frees_deferred() noexcept { return frees_deferred.load(std::memory_order_relaxed); }
+bool collective_frees_deferred() noexcept {
+    return frees_deferred_here > 0 || frees_deferred.load(std::memory_order_relaxed);
+}
+bool process_frees_deferred() noexcept { return frees_deferred.load(std::memory_order_relaxed); }
+DeferFrees::DeferFrees() noexcept { ++frees_deferred_here; }
+DeferFrees::~DeferFrees() { --frees_deferred_here; }
 FreesAgreed::FreesAgreed() noexcept { ++frees_agreed; }
 FreesAgreed::~FreesAgreed() { --frees_agreed; }
 
