@@ -396,7 +396,8 @@ at::Tensor view_of(void* data, const at::Tensor& param, std::shared_ptr<void> ke
 /// until mpiml's finalize, which frees their shared windows; else they are
 /// freed now. Collective (at a destruction or a new plan, alike on every
 /// rank), but not while an exception unwinds this rank (a failure: the other
-/// ranks are not destroying theirs, and the job ends).
+/// ranks are not destroying theirs, and the job ends) or while frees are
+/// deferred (kept: finalize frees them).
 void free_or_keep(std::vector<std::shared_ptr<void>> mems, MPI_Comm comm, const char* call) {
     if (mems.empty() || is_finalized()) return;  // finalize freed the windows
     int viewed = std::any_of(mems.begin(), mems.end(), [](const auto& m) { return m.use_count() > 1; });
@@ -905,9 +906,7 @@ void avg_packed_cached(const std::vector<Eligible>& ps, const AvgGradsOptions& o
     run_packed(hit->st, comm, size, call);
 }
 
-/// Every rank must pass the options that decide which collectives run and
-/// their sizes alike (one small allreduce); otherwise, across hosts, ranks
-/// would wait in different collectives until MPIML_TIMEOUT.
+/// The options that decide which collectives run and their sizes.
 std::array<Setting, 5> option_settings(const AvgGradsOptions& opts) {
     return {{
         {"overlap", opts.overlap, true},
@@ -918,6 +917,8 @@ std::array<Setting, 5> option_settings(const AvgGradsOptions& opts) {
     }};
 }
 
+/// Every rank must pass those options alike (one small allreduce); otherwise,
+/// across hosts, ranks would wait in different collectives until MPIML_TIMEOUT.
 void agree_options(const AvgGradsOptions& opts, MPI_Comm comm, const char* call) {
     const auto settings = option_settings(opts);
     verify_same_settings(settings.data(), static_cast<int>(settings.size()), "AvgGradsOptions", comm, call);
