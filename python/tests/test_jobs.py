@@ -800,7 +800,7 @@ AVERAGER_DROPPED_ON_ONE_RANK = """
     del avg, cycle
     if mpiml.proc_id() == 1:
         gc.collect()  # on this rank only: no collective, no wait
-    print("sum", mpiml.mpi_sum(1.0), flush=True)
+    print(f"sum {mpiml.mpi_sum(1.0)}", flush=True)  # one write: the ranks' lines may interleave
     with GradAverager(model) as avg:  # close() at the end: collective, every rank here
         model(torch.randn(3, 4)).sum().backward()
         avg()
@@ -809,7 +809,7 @@ AVERAGER_DROPPED_ON_ONE_RANK = """
     avg()  # its buckets are made
     if sys.argv[1] == "close" and mpiml.proc_id() == 1:
         avg.close()  # collective: rank 0 does not close its own
-    print("sum", mpiml.mpi_sum(1.0), flush=True)
+    print(f"sum {mpiml.mpi_sum(1.0)}", flush=True)
     """
 
 
