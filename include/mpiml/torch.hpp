@@ -151,6 +151,26 @@ struct GradAveragerImpl;
 /// no longer has the list `made` (one added, removed or replaced); empty if
 /// it has. GradAverager's check at each call (and the Python binding's).
 std::string parameters_changed(const std::vector<torch::Tensor>& made, const std::vector<torch::Tensor>& now);
+/// While one is alive on this thread, the tensor-list overloads of
+/// sync_params, mpi_avg_grads and GradAverager call tensor i names[i] in
+/// their cross-rank checks and messages, a parameter for i < parameters and a
+/// buffer after (otherwise "tensor" and i): for bindings that pass a module's
+/// tensors as a list. names must outlive it.
+class TensorNames {
+public:
+    TensorNames(const std::vector<std::string>& names, std::size_t parameters) noexcept;
+    ~TensorNames();
+    TensorNames(const TensorNames&) = delete;
+    TensorNames& operator=(const TensorNames&) = delete;
+    /// The innermost alive on this thread, or null.
+    static const TensorNames* current() noexcept;
+
+    const std::vector<std::string>& names;
+    const std::size_t parameters;
+
+private:
+    const TensorNames* outer_;
+};
 }  // namespace detail
 
 /// Per-model gradient averaging that holds its plan, buffers and shared

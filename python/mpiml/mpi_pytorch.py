@@ -51,12 +51,16 @@ def setup_pytorch_for_mpi():
 
 def mpi_avg_grads(module, comm=None, gradient_as_bucket_view=False, bucket_cap_mb=25):
     """Averages the gradients of module's parameters (or of an iterable of
-    parameters) across ranks, in place, in one fused C++ call."""
+    parameters) across ranks, in place, in one fused C++ call. With
+    MPIML_CHECK=1 it first compares the ranks' modules, as sync_params does."""
     _torch.mpi_avg_grads(module, comm, bucket_cap_mb, gradient_as_bucket_view)
 
 
 def sync_params(module, root=0, comm=None):
-    """Makes every rank's parameters and buffers equal to root's."""
+    """Makes every rank's parameters and buffers equal to root's. First
+    compares the ranks' modules (names, shapes, dtypes): on a difference every
+    rank raises ArgumentError naming the first parameter or buffer that
+    differs."""
     _torch.sync_params(module, root, comm)
 
 

@@ -4,9 +4,11 @@
 
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common.hpp"
@@ -101,6 +103,50 @@ std::vector<at::Tensor> tensors_of(py::handle obj, bool params, bool buffers, co
     return out;
 }
 
+// The names of tensors_of(obj, true, buffers)'s tensors, from obj's
+// named_parameters() (and named_buffers()), for the cross-rank checks'
+// messages ("parameter '1.weight'", not "tensor '2'"); a list of tensors
+// stays numbered. They name the list for the C++ calls on this thread while
+// this lives.
+struct NamesOf {
+    std::vector<std::string> names;
+    std::optional<mpiml::detail::TensorNames> scope;
+
+    NamesOf(py::handle obj, const std::vector<at::Tensor>& ts, bool buffers) {
+        if (!py::hasattr(obj, "named_parameters")) return;
+        std::unordered_map<const void*, std::string> params, bufs;
+        try {
+            read(obj.attr("named_parameters")(), params);
+            if (buffers && py::hasattr(obj, "named_buffers")) read(obj.attr("named_buffers")(), bufs);
+        } catch (const py::error_already_set&) {  // not readable: numbered
+            return;
+        }
+        std::size_t parameters = ts.size();
+        for (std::size_t i = 0; i < ts.size(); ++i) {
+            const void* key = ts[i].unsafeGetTensorImpl();
+            if (auto p = params.find(key); p != params.end()) {
+                names.push_back(p->second);
+                continue;
+            }
+            parameters = std::min(parameters, i);
+            auto b = bufs.find(key);
+            names.push_back(b != bufs.end() ? b->second : std::to_string(i));
+        }
+        scope.emplace(names, parameters);
+    }
+    NamesOf(const NamesOf&) = delete;
+    NamesOf& operator=(const NamesOf&) = delete;
+
+private:
+    static void read(py::handle items, std::unordered_map<const void*, std::string>& out) {
+        for (py::handle item : items) {
+            auto kv = py::reinterpret_borrow<py::tuple>(item);
+            if (kv.size() == 2 && THPVariable_Check(kv[1].ptr()))
+                out.emplace(THPVariable_Unpack(kv[1].ptr()).unsafeGetTensorImpl(), py::str(kv[0]));
+        }
+    }
+};
+
 // bucket_cap_mb of mpi_avg_grads and GradAverager, in bytes.
 std::size_t cap_bytes(double mb, const char* call) {
     if (!(mb > 0) || mb * (1 << 20) > 1e15)
@@ -157,6 +203,8 @@ PYBIND11_MODULE(_torch, m) {
         o.bucket_cap_bytes = cap_bytes(cap_mb, "mpi_avg_grads");
         auto ts = tensors_of(module, true, false, "mpi_avg_grads");
         o.gradient_as_bucket_view = as_view;
+        std::optional<NamesOf> names;  // for the check's messages only
+        if (mpiml::check_enabled()) names.emplace(module, ts, false);
         py::gil_scoped_release nogil;
         mpiml::mpi_avg_grads(ts, o, c);
     }, py::arg("module"), py::arg("comm") = py::none(), py::arg("bucket_cap_mb") = 25.0,
@@ -201,6 +249,7 @@ PYBIND11_MODULE(_torch, m) {
                  o.overlap_on_one_node = one_node;
                  std::unique_ptr<PyGradAverager> avg;
                  {
+                     NamesOf names(module, ts, false);
                      py::gil_scoped_release nogil;
                      avg = std::make_unique<PyGradAverager>(ts, o, c);
                  }
@@ -274,6 +323,7 @@ PYBIND11_MODULE(_torch, m) {
         PySite site;
         const mpiml::Comm c = to_comm(comm, "sync_params");
         auto ts = tensors_of(module, true, true, "sync_params");
+        NamesOf names(module, ts, true);
         py::gil_scoped_release nogil;
         mpiml::sync_params(ts, root, c);
     }, py::arg("module"), py::arg("root") = 0, py::arg("comm") = py::none());

@@ -293,7 +293,7 @@ def test_grad_averager_over_other_shapes_is_an_error_with_checks_off():
     try:
         last = RANK == SIZE - 1
         m = nn.Linear(3 if last else 2, 4 if last else 6, bias=False)  # 12 weights each
-        with pytest.raises(mpiml.Error, match=r"mpiml::GradAverager on rank %d/%d: .*\[4, 3\]"
+        with pytest.raises(mpiml.Error, match=r"mpiml::GradAverager on rank %d/%d: .*parameter 'weight' float32\[4, 3\]"
                                               % (RANK, SIZE)) as err:
             mp.GradAverager(m)
         assert err.value.rank == RANK
@@ -301,6 +301,34 @@ def test_grad_averager_over_other_shapes_is_an_error_with_checks_off():
         avg = mp.GradAverager(q)  # then alike: works everywhere
         fill_grads(q)
         avg()
+    finally:
+        mpiml.set_check(was)
+
+
+def test_mismatches_name_a_module_s_tensors():
+    # A module's tensors are named as named_parameters() and named_buffers()
+    # name them; a list of tensors, by position.
+    if SIZE == 1:
+        pytest.skip("needs 2 or more ranks: one rank has no peer to disagree with")
+    last = RANK == SIZE - 1
+    where = r"on rank %d/%d: modules differ across ranks" % (RANK, SIZE)
+    first = r"ranks? 0(, \d+)* ha(s|ve)"  # rank 0 and those alike
+    m = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 3 if last else 2))
+    with pytest.raises(mpiml.Error, match=r"sync_params %s at entry #2 '1\.weight': .*"
+                                          r"%s parameter '1\.weight' float32\[2, 2\]" % (where, first)):
+        mp.sync_params(m)
+    q = nn.Linear(3, 2)
+    q.register_buffer("stat", torch.zeros(3 if last else 2))
+    with pytest.raises(mpiml.Error, match=r"sync_params %s .*%s buffer 'stat' float32\[2\]" % (where, first)):
+        mp.sync_params(q)
+    with pytest.raises(mpiml.Error, match=r"sync_params %s .*%s tensor '2' float32\[2\]" % (where, first)):
+        mp.sync_params(list(q.parameters()) + list(q.buffers()))
+    was = mpiml.check_enabled()
+    mpiml.set_check(True)
+    try:
+        fill_grads(m)
+        with pytest.raises(mpiml.Error, match=r"mpi_avg_grads %s .*%s parameter '1\.weight'" % (where, first)):
+            mp.mpi_avg_grads(m)
     finally:
         mpiml.set_check(was)
 

@@ -278,13 +278,39 @@ void collect_params(const torch::nn::Module& m, std::vector<at::Tensor>& out) {
     for (const auto& child : m.children()) collect_params(*child, out);
 }
 
+}  // namespace mpiml::torch_detail
+
+namespace mpiml::detail {
+namespace {
+thread_local const TensorNames* innermost_names = nullptr;
+}  // namespace
+
+TensorNames::TensorNames(const std::vector<std::string>& names, std::size_t parameters) noexcept
+    : names(names), parameters(parameters), outer_(innermost_names) {
+    innermost_names = this;
+}
+
+TensorNames::~TensorNames() { innermost_names = outer_; }
+
+const TensorNames* TensorNames::current() noexcept { return innermost_names; }
+
+}  // namespace mpiml::detail
+
+namespace mpiml::torch_detail {
+
+Named list_name(std::size_t i, const at::Tensor& t) {
+    const detail::TensorNames* n = detail::TensorNames::current();
+    if (n && i < n->names.size()) return {i < n->parameters ? "parameter" : "buffer", n->names[i], t};
+    return {"tensor", std::to_string(i), t};
+}
+
 std::vector<Named> list_entries(const std::vector<torch::Tensor>& tensors, const char* what) {
     std::vector<Named> out;
     out.reserve(tensors.size());
     for (std::size_t i = 0; i < tensors.size(); ++i) {
         if (!tensors[i].defined())
             detail::fail(what, "tensor " + std::to_string(i) + " is undefined");
-        out.push_back({"tensor", std::to_string(i), tensors[i]});
+        out.push_back(list_name(i, tensors[i]));
     }
     return out;
 }

@@ -145,6 +145,9 @@ struct Named {
 std::vector<Named> module_entries(const torch::nn::Module& module, bool with_buffers);
 /// module.parameters(true) in the same order, without building the names.
 void collect_params(const torch::nn::Module& m, std::vector<at::Tensor>& out);
+/// Kind and name of entry i of a tensor list: those a detail::TensorNames on
+/// this thread gives, else "tensor" and i.
+Named list_name(std::size_t i, const at::Tensor& t);
 /// A tensor list as entries; throws naming `what` for an undefined tensor.
 std::vector<Named> list_entries(const std::vector<torch::Tensor>& tensors, const char* what);
 

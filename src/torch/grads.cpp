@@ -1476,7 +1476,10 @@ GradAverager::GradAverager(const std::vector<torch::Tensor>& params, const AvgGr
     const MPI_Comm c = comm.get(kAveragerCall);
     std::vector<std::string> descs;
     for (std::size_t i = 0; i < params.size(); ++i)
-        if (params[i].defined()) descs.push_back(describe_grad("tensor", std::to_string(i), params[i]));
+        if (params[i].defined()) {
+            const Named e = list_name(i, params[i]);
+            descs.push_back(describe_grad(e.kind, e.name, e.tensor));
+        }
     impl_ = make_averager(params, opts, c, descs);
 }
 
@@ -1592,8 +1595,10 @@ void mpi_avg_grads(const std::vector<torch::Tensor>& params, const AvgGradsOptio
     if (check_enabled()) {
         std::vector<std::string> descs;
         for (std::size_t i = 0; i < params.size(); ++i)
-            if (params[i].defined())
-                descs.push_back(describe_grad("tensor", std::to_string(i), params[i]));
+            if (params[i].defined()) {
+                const Named e = list_name(i, params[i]);
+                descs.push_back(describe_grad(e.kind, e.name, e.tensor));
+            }
         return avg_grads(params, opts, c, &descs);
     }
     avg_grads(params, opts, c, nullptr);
