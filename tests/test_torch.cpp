@@ -409,14 +409,15 @@ TEST(TorchAvgGrads, GradAveragerOfAChangedModelThrowsAtTheCall) {
             mpiml::GradAverager avg(m, o);
             m->to(torch::kFloat64);
             fill(*m);
-            expect_error([&] { avg(); }, {"mpiml::GradAverager", "rank", "float64 of", "but was float32 of"});
+            expect_error([&] { avg(); }, {"mpiml::GradAverager", "rank", "parameter #0 '0.weight'",
+                                          "float64 of", "but was float32 of"});
             m->to(torch::kFloat32);
         }
         {
             mpiml::GradAverager avg(m, o);
             m->push_back(torch::nn::Linear(2, 2));
             fill(*m);
-            expect_error([&] { avg(); }, {"mpiml::GradAverager", "parameter #4", "(added since)"});
+            expect_error([&] { avg(); }, {"mpiml::GradAverager", "parameter #4 '2.weight'", "(added since)"});
         }
         {
             auto bias = m[0]->as<torch::nn::Linear>()->bias;
@@ -424,7 +425,8 @@ TEST(TorchAvgGrads, GradAveragerOfAChangedModelThrowsAtTheCall) {
             mpiml::GradAverager avg(m, o);
             bias.requires_grad_(true);
             fill(*m);
-            expect_error([&] { avg(); }, {"mpiml::GradAverager", "parameter #1", "did not require grad"});
+            expect_error([&] { avg(); },
+                         {"mpiml::GradAverager", "parameter #1 '0.bias'", "did not require grad"});
             // Made again, it averages the model as it is now.
             mpiml::GradAverager again(m, o);
             for (auto& p : m->parameters()) p.mutable_grad() = torch::full_like(p, rank());

@@ -150,7 +150,10 @@ struct GradAveragerImpl;
 /// Why a model whose parameters are `now` (tied ones listed once or more)
 /// no longer has the list `made` (one added, removed or replaced); empty if
 /// it has. GradAverager's check at each call (and the Python binding's).
-std::string parameters_changed(const std::vector<torch::Tensor>& made, const std::vector<torch::Tensor>& now);
+/// The names, where given (parallel to made and now), name the parameter.
+std::string parameters_changed(const std::vector<torch::Tensor>& made, const std::vector<torch::Tensor>& now,
+                               const std::vector<std::string>& made_names = {},
+                               const std::vector<std::string>& now_names = {});
 /// While one is alive on this thread, the tensor-list overloads of
 /// sync_params, mpi_avg_grads and GradAverager call tensor i names[i] in
 /// their cross-rank checks and messages, a parameter for i < parameters and a

@@ -171,6 +171,7 @@ struct PyGradAverager : EndDeferral, mpiml::GradAverager {
         : mpiml::GradAverager(ts, o, c), made(ts) {}
     ~PyGradAverager() { deferral.emplace(); }
     std::vector<at::Tensor> made;
+    std::vector<std::string> made_names;  // parallel to made, or empty
     py::object module = py::none();  // a weakref, or None: tensors given, not a module
 
     std::string changed() const {
@@ -178,7 +179,11 @@ struct PyGradAverager : EndDeferral, mpiml::GradAverager {
         try {
             py::object m = module();
             if (m.is_none()) return {};
-            return mpiml::detail::parameters_changed(made, tensors_of(m, true, false, "mpiml::GradAverager"));
+            const auto now = tensors_of(m, true, false, "mpiml::GradAverager");
+            std::string why = mpiml::detail::parameters_changed(made, now);
+            if (why.empty()) return why;
+            const NamesOf names(m, now, false);  // for the message
+            return mpiml::detail::parameters_changed(made, now, made_names, names.names);
         } catch (const std::exception&) {  // the model cannot be read: not checked
             return {};
         }
@@ -250,8 +255,11 @@ PYBIND11_MODULE(_torch, m) {
                  std::unique_ptr<PyGradAverager> avg;
                  {
                      NamesOf names(module, ts, false);
-                     py::gil_scoped_release nogil;
-                     avg = std::make_unique<PyGradAverager>(ts, o, c);
+                     {
+                         py::gil_scoped_release nogil;
+                         avg = std::make_unique<PyGradAverager>(ts, o, c);
+                     }
+                     avg->made_names = names.names;
                  }
                  if (py::hasattr(module, "parameters") && py::hasattr(module, "buffers")) {
                      try {

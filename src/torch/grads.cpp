@@ -28,6 +28,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <unordered_set>
@@ -122,7 +123,13 @@ struct GradEntry {
     at::ScalarType scalar = at::kFloat;  // the parameter's dtype when planned
     std::size_t bucket = 0;
     bool defined_here = false;  // gradient defined on this rank on entry
+    std::string label;  // "parameter #3 '1.weight'" (GradAverager), or empty: by index
 };
+
+/// How messages name e's parameter.
+std::string label_of(const GradEntry& e) {
+    return e.label.empty() ? "parameter #" + std::to_string(e.index) : e.label;
+}
 
 /// Fused buckets are packed into the scratch buffer, with one flag per entry at
 /// the tail counting the ranks that had a gradient. A direct bucket is one
@@ -178,12 +185,12 @@ void set_flag(const Wire& w, void* p, bool on) {
 void check_entry(const GradEntry& e, const at::Tensor& g) {
     if (e.param.scalar_type() != e.scalar || e.param.numel() != static_cast<std::int64_t>(e.numel))
         throw std::invalid_argument(
-            "parameter #" + std::to_string(e.index) + " is " + dtype_name(e.param.scalar_type()) + " of " +
+            label_of(e) + " is " + dtype_name(e.param.scalar_type()) + " of " +
             std::to_string(e.param.numel()) + " elements, but was " + dtype_name(e.scalar) + " of " +
             std::to_string(e.numel) + " when this averager planned its buckets: its gradient is not "
             "averaged; make a new GradAverager after changing the model's dtypes or sizes");
     if (g.defined() && g.numel() != static_cast<std::int64_t>(e.numel))
-        throw std::invalid_argument("the gradient of parameter #" + std::to_string(e.index) +
+        throw std::invalid_argument("the gradient of " + label_of(e) +
                                     " has " + std::to_string(g.numel()) +
                                     " elements but the parameter has " +
                                     std::to_string(e.numel));
@@ -381,6 +388,7 @@ struct ViewState {
     std::vector<std::tuple<const void*, std::int64_t, int>> signature;
     std::vector<ViewBucket> buckets;
     std::vector<WeakImpl> params;  // the planned parameters, not kept alive
+    std::vector<std::string> labels;  // how messages name them (GradAverager), or empty
     std::vector<c10::TensorImpl*> in_place;  // run_views' scratch, one bucket
     std::vector<char> unplanned;             // run_views' scratch: not as planned
 };
@@ -535,7 +543,9 @@ void run_views(ViewState& st, const std::vector<at::Tensor>& params, const char*
             const auto n = static_cast<std::size_t>(planned_n);
             if (p.numel() != planned_n || static_cast<int>(p.scalar_type()) != planned_dtype) {
                 if (deferred.empty())
-                    deferred = "a parameter averaged as a bucket view is " + dtype_name(p.scalar_type()) +
+                    deferred = (st.labels.empty() ? std::string("a parameter")
+                                                  : st.labels[b.entries[k].param]) +
+                               " (averaged as a bucket view) is " + dtype_name(p.scalar_type()) +
                                " of " + std::to_string(p.numel()) + " elements, but was " +
                                dtype_name(static_cast<at::ScalarType>(planned_dtype)) + " of " +
                                std::to_string(planned_n) +
@@ -1097,7 +1107,7 @@ public:
         const std::string local = std::exchange(defer_.what, {});
         const std::size_t again = std::exchange(again_, SIZE_MAX);
         const bool again_no_sync = std::exchange(again_no_sync_, false);
-        const std::size_t again_param = again == SIZE_MAX ? 0 : st_.entries[again].index;
+        const std::string again_param = again == SIZE_MAX ? std::string() : label_of(st_.entries[again]);
         std::vector<at::Tensor> kept = std::move(keep_);  // released below, on this thread
         keep_.clear();
         if (!rebuilt_ && rebuild_plan) rebuild(call);  // the communication thread is idle
@@ -1105,13 +1115,11 @@ public:
         if (failure) std::rethrow_exception(failure);
         if (!local.empty()) detail::fail(call, local);
         if (again != SIZE_MAX && again_no_sync)
-            detail::fail(call, "parameter #" + std::to_string(again_param) +
-                                   " got a gradient under no_sync() after a backward() outside "
+            detail::fail(call, again_param + " got a gradient under no_sync() after a backward() outside "
                                    "it, before the call (its average was under way): run the "
                                    "no_sync() passes first, then the one outside it, then the call");
         if (again != SIZE_MAX)
-            detail::fail(call, "parameter #" + std::to_string(again_param) +
-                                   " got a gradient twice in one step (two backward() passes "
+            detail::fail(call, again_param + " got a gradient twice in one step (two backward() passes "
                                    "before the call): accumulate under no_sync(), or make "
                                    "the call after each backward()");
     }
@@ -1358,7 +1366,9 @@ struct GradAveragerImpl {
     MPI_Comm comm = MPI_COMM_NULL;
     int size = 1;
     std::vector<at::Tensor> made;      // the parameters it was made with
-    std::vector<std::size_t> frozen;   // of those, not requiring grad then (positions)
+    std::vector<std::string> made_names;  // theirs ("" where not known)
+    std::vector<std::size_t> frozen;   // of those, not requiring grad then (positions in made)
+    std::vector<std::string> frozen_labels;  // how messages name them
     std::weak_ptr<torch::nn::Module> module;  // the model, where it is held by a shared_ptr
     std::vector<at::Tensor> view_params;  // gradients kept in shared buckets
     ViewState views;
@@ -1386,9 +1396,16 @@ bool spans_nodes(MPI_Comm comm) {
     return std::any_of(node.begin(), node.end(), [](int n) { return n > 0; });
 }
 
+/// "parameter #3 '1.weight'", or "parameter #3" without a name.
+std::string param_label(std::size_t index, const std::string& name) {
+    return "parameter #" + std::to_string(index) + (name.empty() ? "" : " '" + name + "'");
+}
+
+/// names: params[i]'s name ("" where not known), for messages.
 std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Tensor>& params,
                                                         const AvgGradsOptions& asked, MPI_Comm comm,
-                                                        const std::vector<std::string>& descs) {
+                                                        const std::vector<std::string>& descs,
+                                                        const std::vector<std::string>& names) {
     const int size = num_procs(comm);
     if (size > 1) agree_averager(asked, descs, comm, kAveragerCall);
     AvgGradsOptions opts = asked;  // alike on every rank (agreed)
@@ -1408,25 +1425,38 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
     auto impl = std::make_unique<detail::GradAveragerImpl>();
     impl->comm = comm;
     impl->size = size;
-    for (const at::Tensor& p : params) {
+    const auto label = [&](std::size_t i) { return param_label(i, i < names.size() ? names[i] : ""); };
+    for (std::size_t i = 0; i < params.size(); ++i) {
+        const at::Tensor& p = params[i];
         if (!p.defined()) continue;
-        if (!p.requires_grad() && has_gradients(p.scalar_type())) impl->frozen.push_back(impl->made.size());
+        if (!p.requires_grad() && has_gradients(p.scalar_type())) {
+            impl->frozen.push_back(impl->made.size());
+            impl->frozen_labels.push_back(label(i));
+        }
         impl->made.push_back(p);
+        impl->made_names.push_back(i < names.size() ? names[i] : "");
     }
     std::vector<Eligible> ps;
     eligible_params(params, ps);
+    std::vector<std::string> view_labels;
     if (opts.gradient_as_bucket_view && !opts.overlap) {  // overlap keeps views in its own buckets
         std::vector<Eligible> rest;
         for (Eligible& p : ps) {
-            if (view_eligible(p.tensor)) impl->view_params.push_back(p.tensor);
-            else rest.push_back(std::move(p));
+            if (view_eligible(p.tensor)) {
+                impl->view_params.push_back(p.tensor);
+                view_labels.push_back(label(p.index));
+            } else {
+                rest.push_back(std::move(p));
+            }
         }
         ps = std::move(rest);
     }
     plan_packed(impl->packed, ps, opts, kAveragerCall);
+    for (GradEntry& e : impl->packed.entries) e.label = label(e.index);
     if (impl->size > 1 && !impl->view_params.empty()) {
         plan_views(impl->views, impl->view_params, opts.bucket_cap_bytes, comm);
         impl->views.signature = view_signature(impl->view_params);
+        impl->views.labels = std::move(view_labels);
     }
     if (opts.overlap && impl->size > 1)
         impl->overlap = std::make_unique<Overlap>(impl->packed, comm, impl->size, opts.quiet_wait,
@@ -1437,10 +1467,9 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
 /// (empty: it has): one that did not require grad then and does now, or,
 /// where the model is known, one added, removed or replaced. Local.
 std::string model_changed(const detail::GradAveragerImpl& im) {
-    for (std::size_t i : im.frozen)
-        if (im.made[i].requires_grad())
-            return "parameter #" + std::to_string(i) +
-                   " did not require grad when this GradAverager was made and does now: its "
+    for (std::size_t k = 0; k < im.frozen.size(); ++k)
+        if (im.made[im.frozen[k]].requires_grad())
+            return im.frozen_labels[k] + " did not require grad when this GradAverager was made and does now: its "
                    "gradient is not averaged; make a new GradAverager after changing requires_grad";
     const auto m = im.module.lock();
     if (!m) return {};
@@ -1449,7 +1478,14 @@ std::string model_changed(const detail::GradAveragerImpl& im) {
     collect_params(*m, now);
     std::string why = detail::parameters_changed(im.made, now);
     now.clear();  // hold no tensors between calls
-    return why;
+    if (why.empty()) return why;
+    std::vector<at::Tensor> named;  // again, with names, for the message
+    std::vector<std::string> names;
+    for (const auto& e : module_entries(*m, /*with_buffers=*/false)) {
+        named.push_back(e.tensor);
+        names.push_back(e.name);
+    }
+    return detail::parameters_changed(im.made, named, im.made_names, names);
 }
 }  // namespace
 
@@ -1458,12 +1494,13 @@ GradAverager::GradAverager(torch::nn::Module& module, const AvgGradsOptions& opt
     detail::SiteMark site(loc);
     const MPI_Comm c = comm.get(kAveragerCall);
     std::vector<at::Tensor> params;
-    std::vector<std::string> descs;
+    std::vector<std::string> descs, names;
     for (const auto& e : module_entries(module, /*with_buffers=*/false)) {
         descs.push_back(describe_grad(e.kind, e.name, e.tensor));
         params.push_back(e.tensor);
+        names.push_back(e.name);
     }
-    impl_ = make_averager(params, opts, c, descs);
+    impl_ = make_averager(params, opts, c, descs, names);
     try {  // a module not held by a shared_ptr is not checked
         impl_->module = module.shared_from_this();
     } catch (const std::bad_weak_ptr&) {
@@ -1474,13 +1511,14 @@ GradAverager::GradAverager(const std::vector<torch::Tensor>& params, const AvgGr
                            Comm comm, std::source_location loc) {
     detail::SiteMark site(loc);
     const MPI_Comm c = comm.get(kAveragerCall);
-    std::vector<std::string> descs;
+    std::vector<std::string> descs, names(params.size());
     for (std::size_t i = 0; i < params.size(); ++i)
         if (params[i].defined()) {
             const Named e = list_name(i, params[i]);
             descs.push_back(describe_grad(e.kind, e.name, e.tensor));
+            if (std::string_view(e.kind) != "tensor") names[i] = e.name;  // named by a binding
         }
-    impl_ = make_averager(params, opts, c, descs);
+    impl_ = make_averager(params, opts, c, descs, names);
 }
 
 GradAverager::~GradAverager() = default;
@@ -1528,10 +1566,15 @@ void GradAverager::operator()(std::source_location loc) {
 }
 
 std::string detail::parameters_changed(const std::vector<torch::Tensor>& made,
-                                       const std::vector<torch::Tensor>& now) {
+                                       const std::vector<torch::Tensor>& now,
+                                       const std::vector<std::string>& made_names,
+                                       const std::vector<std::string>& now_names) {
     const std::string remedy = ": make a new GradAverager after changing the model's parameters";
+    const auto name = [](const std::vector<std::string>& names, std::size_t i) {
+        return i < names.size() && !names[i].empty() ? " '" + names[i] + "'" : std::string();
+    };
     const auto removed = [&](std::size_t k) {
-        return "the model no longer has parameter #" + std::to_string(k) +
+        return "the model no longer has parameter #" + std::to_string(k) + name(made_names, k) +
                " of those this GradAverager was made with (removed since)" + remedy;
     };
     const auto among = [&](std::size_t from, std::size_t to, const c10::TensorImpl* t) {
@@ -1540,14 +1583,15 @@ std::string detail::parameters_changed(const std::vector<torch::Tensor>& made,
                            [&](const at::Tensor& m) { return m.unsafeGetTensorImpl() == t; });
     };
     std::size_t k = 0;  // parameters of the model matched so far
-    for (const at::Tensor& t : now) {
+    for (std::size_t j = 0; j < now.size(); ++j) {
+        const at::Tensor& t = now[j];
         if (!t.defined()) continue;
         const c10::TensorImpl* p = t.unsafeGetTensorImpl();
         if (k < made.size() && made[k].unsafeGetTensorImpl() == p) {
             ++k;
         } else if (!among(0, k, p)) {  // else tied: listed before
             if (among(k, made.size(), p)) return removed(k);
-            return "the model's parameter #" + std::to_string(k) +
+            return "the model's parameter #" + std::to_string(k) + name(now_names, j) +
                    " is not one this GradAverager was made with (" +
                    (k < made.size() ? "added or replaced" : "added") +
                    " since), so its gradient would not be averaged" + remedy;
