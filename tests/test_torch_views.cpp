@@ -1,6 +1,7 @@
 // mpi_avg_grads with gradient_as_bucket_view: same training as the packed
 // mode, gradients become views of node-shared buckets and stay views.
 #include <mpiml/mpiml.hpp>
+#include <mpiml/shm.hpp>
 #include <mpiml/torch.hpp>
 
 #include <gtest/gtest.h>
@@ -138,6 +139,39 @@ TEST(GradAverager, TwoModelsInTurnKeepTheirBuckets) {
             EXPECT_FLOAT_EQ(a->parameters().back().grad()[0].item<float>(), 2.0f);
         }
     }
+}
+
+// A gradient still viewing a destroyed averager's bucket keeps the bucket;
+// the next averager made on the same ranks frees it once no rank views it.
+TEST(GradAverager, BucketsKeptForAViewAreFreedByTheNextAverager) {
+    if (size() == 1) GTEST_SKIP() << "one rank makes no shared buckets";
+    auto net = torch::nn::Sequential(torch::nn::Linear(6, 9), torch::nn::Linear(9, 2));
+    mpiml::AvgGradsOptions o;
+    o.gradient_as_bucket_view = true;
+    const auto fill = [&] {
+        for (auto& p : net->parameters()) p.mutable_grad() = torch::full_like(p, rank());
+    };
+    { mpiml::GradAverager first(net, o); }  // frees what earlier tests kept
+    const std::size_t before = mpiml::detail::shared_bucket_count();
+    at::Tensor held;
+    {
+        mpiml::GradAverager avg(net, o);
+        fill();
+        avg();
+        held = net->parameters().front().grad();  // a view of its bucket
+    }
+    const std::size_t kept = mpiml::detail::shared_bucket_count();
+    if (kept == before) GTEST_SKIP() << "no node-shared buckets on this path";
+    {
+        mpiml::GradAverager again(net, o);  // still viewed on every rank: kept
+        fill();
+        again();
+    }
+    EXPECT_EQ(mpiml::detail::shared_bucket_count(), kept);
+    EXPECT_TRUE(held.equal(torch::full_like(held, (size() - 1) / 2.0)));
+    held = at::Tensor();
+    { mpiml::GradAverager third(net, o); }
+    EXPECT_EQ(mpiml::detail::shared_bucket_count(), before);
 }
 
 TEST(GradAverager, ParameterListAndMove) {

@@ -132,6 +132,9 @@ void defer_collective_frees() noexcept;
 bool collective_frees_deferred() noexcept;
 /// Whether defer_collective_frees() was called (the process is ending).
 bool process_frees_deferred() noexcept;
+/// The node-shared buckets alive in this process (for tests of their
+/// release).
+std::size_t shared_bucket_count() noexcept;
 /// While one is alive on this thread, buckets released are left to
 /// MPI_Finalize as after defer_collective_frees(): for a destruction whose
 /// moment differs between ranks (Python's garbage collector).

@@ -195,6 +195,9 @@ private:
 /// buckets are cut: the same bits with overlap and without, and with
 /// shared memory on or off. Collectives are recorded with the call site of the call (loc), those
 /// during backward() (overlap) with the construction's.
+/// Buckets a gradient still views at destruction (or that a binding drops
+/// without a collective, detail::DeferFrees) are kept, and freed by the next
+/// GradAverager made on the same ranks once no rank views or holds them.
 class GradAverager {
 public:
     explicit GradAverager(torch::nn::Module& module, const AvgGradsOptions& opts = {},

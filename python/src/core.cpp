@@ -606,6 +606,8 @@ PYBIND11_MODULE(_core, m) {
     // shared buckets) is freed by MPI_Finalize, after the exit guard, not
     // collectively on the way (a peer may still wait in a collective).
     m.def("_defer_collective_frees", [] { detail::defer_collective_frees(); });
+    m.def("_shared_buckets", [] { return detail::shared_bucket_count(); },
+          "The node-shared buckets alive in this process (for tests).");
     // At interpreter exit when mpi4py (or another library) started MPI and
     // this process made no mpiml call: ranks waiting in their first
     // collective learn that this one ended.

@@ -160,8 +160,9 @@ std::size_t cap_bytes(double mb, const char* call) {
 // held as a weak reference.
 // Its destruction frees nothing collectively: Python destroys it when the
 // last reference goes, or when the garbage collector finds it in a cycle, at
-// a moment of its own on each rank. Its node-shared buckets are then left to
-// MPI_Finalize; close() frees them now (collective). The first base ends the
+// a moment of its own on each rank. Its node-shared buckets are then kept:
+// the next GradAverager made on the same ranks frees them once every rank
+// has dropped it (else MPI_Finalize); close() frees them now (collective). The first base ends the
 // deferral after GradAverager's destructor.
 struct EndDeferral {
     std::optional<mpiml::detail::DeferFrees> deferral;
@@ -236,7 +237,8 @@ PYBIND11_MODULE(_torch, m) {
         "(parameters added, removed or replaced, dtypes, sizes, requires_grad), make a new\n"
         "GradAverager: a call on a changed model raises ArgumentError after its collectives.\n"
         "Construction, each call and close() are collective over comm; dropping it frees\n"
-        "nothing collectively (its node-shared buckets are kept until the program ends).\n"
+        "nothing collectively (its node-shared buckets are freed by the next GradAverager\n"
+        "made on the same ranks once every rank has dropped it, or at the program's end).\n"
         "overlap=True: buckets are averaged on a communication thread while backward() runs\n"
         "(reverse parameter order, as DDP); avg() finishes them. Accumulate several\n"
         "backward() passes under `with avg.no_sync():`. When every rank of comm is on one node,\n"
@@ -314,7 +316,8 @@ PYBIND11_MODULE(_torch, m) {
         }, "Frees the plan and the node-shared buckets now (collective: every rank at the\n"
            "same point); the averager cannot be called after. Dropping the last reference\n"
            "frees nothing collectively (Python may do it at a different moment on each\n"
-           "rank): the buckets are then kept until the program ends.")
+           "rank): the buckets are then freed by the next GradAverager made on the same\n"
+           "ranks once every rank has dropped this one, or at the program's end.")
         .def("__enter__", [](py::object self) { return self; })
         .def("__exit__", [](PyGradAverager& a, py::handle type, py::handle, py::handle) {
             if (!type.is_none()) return false;  // a failure: the other ranks are elsewhere

@@ -2,6 +2,7 @@
 the training equivalence: n ranks on 1/n of a batch each == one process on
 the whole batch, after 20 Adam steps."""
 import copy
+import gc
 import os
 import sys
 
@@ -207,6 +208,41 @@ def test_grad_averager_model_changed_raises_after_the_collectives(how, match, mo
         if p.requires_grad:
             torch.testing.assert_close(p.grad, sum(g[i] for g in grads) / SIZE)
     del again
+
+
+@pytest.mark.skipif(SIZE == 1, reason="one rank makes no shared buckets")
+@pytest.mark.parametrize("as_view", [False, True])
+def test_dropped_averagers_are_freed_by_the_next_one(as_view):
+    # Dropping an averager frees nothing collectively (each rank drops it at
+    # a moment of its own); the next one made on the same ranks frees the
+    # buckets of those every rank has dropped. A loop that makes a new
+    # averager per round keeps two rounds' buckets, not all of them.
+    from mpiml import _core
+    m = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 8))
+    gc.collect()
+    mp.GradAverager(m).close()  # frees those the tests before dropped
+    before = _core._shared_buckets()
+    counts = []
+    for _ in range(6):
+        avg = mp.GradAverager(m, gradient_as_bucket_view=as_view)
+        fill_grads(m)
+        avg()
+        counts.append(_core._shared_buckets() - before)
+    if counts[0] == 0:
+        pytest.skip("no node-shared buckets on this path")
+    one = counts[0]
+    assert counts[2:] == [2 * one] * 4, counts
+    # The last one dropped on all ranks but rank 1: the next averager frees
+    # the one before it (dropped everywhere), not this one.
+    hold = avg if RANK == 1 else None
+    del avg
+    gc.collect()
+    n = _core._shared_buckets()
+    mp.GradAverager(m, gradient_as_bucket_view=as_view).close()
+    assert _core._shared_buckets() == n - one
+    del hold
+    mp.GradAverager(m, gradient_as_bucket_view=as_view).close()
+    assert _core._shared_buckets() == n - 2 * one
 
 
 @pytest.mark.parametrize("mode", ["plain", "views", "overlap"])

@@ -22,10 +22,12 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string_view>
@@ -399,9 +401,30 @@ at::Tensor view_of(void* data, const at::Tensor& param, std::shared_ptr<void> ke
     return at::from_blob(data, param.sizes(), [keep = std::move(keep)](void*) {}, param.options());
 }
 
+/// A GradAverager's buckets kept at its destruction (dropped by Python's
+/// garbage collector, or a gradient still viewed them): freed when every
+/// rank of a communicator of the same ranks has them and none is viewed, at
+/// the next GradAverager made there (number_and_reclaim), else by finalize.
+struct Dropped {
+    std::uint64_t members = 0;  // the averager's communicator (world ranks, hashed)
+    std::uint64_t id = 0;       // the averager's number, alike on its ranks
+    std::vector<std::shared_ptr<void>> mems;
+};
+struct DroppedList {
+    std::mutex m;
+    std::vector<Dropped> list;
+};
+DroppedList& dropped() {
+    static auto* d = new DroppedList;  // never destroyed: finalize frees the windows
+    return *d;
+}
+/// The averager being destroyed on this thread (its members and id), or null.
+thread_local const Dropped* dropping = nullptr;
+
 /// Whether a gradient still views one of these buckets (a reference the
 /// program kept) on some rank of comm: then every rank keeps the buckets
-/// until mpiml's finalize, which frees their shared windows; else they are
+/// (a GradAverager's until every rank dropped them, see Dropped; others
+/// until mpiml's finalize, which frees their shared windows); else they are
 /// freed now. Collective (at a destruction or a new plan, alike on every
 /// rank), but not while an exception unwinds this rank (a failure: the other
 /// ranks are not destroying theirs, and the job ends) or while frees are
@@ -423,10 +446,90 @@ void free_or_keep(std::vector<std::shared_ptr<void>> mems, MPI_Comm comm, const 
         mems.clear();
         return;
     }
+    if (dropping) {
+        DroppedList& d = dropped();
+        std::lock_guard lk(d.m);
+        auto it = std::find_if(d.list.begin(), d.list.end(), [](const Dropped& e) {
+            return e.members == dropping->members && e.id == dropping->id;
+        });
+        if (it == d.list.end()) it = d.list.insert(d.list.end(), Dropped{dropping->members, dropping->id, {}});
+        for (auto& p : mems) it->mems.push_back(std::move(p));
+        return;
+    }
     static std::mutex m;
     static auto* kept = new std::vector<std::shared_ptr<void>>;  // never destroyed: finalize frees the windows
     std::lock_guard lk(m);
     for (auto& p : mems) kept->push_back(std::move(p));
+}
+
+/// The world ranks of comm, hashed: which communicator an averager was on.
+std::uint64_t members_of(MPI_Comm comm) {
+    MPI_Group g = MPI_GROUP_NULL, w = MPI_GROUP_NULL;
+    int n = 0;
+    MPI_Comm_group(comm, &g);
+    MPI_Comm_group(MPI_COMM_WORLD, &w);
+    MPI_Group_size(g, &n);
+    std::vector<int> ranks(static_cast<std::size_t>(n)), world(ranks.size());
+    for (int i = 0; i < n; ++i) ranks[static_cast<std::size_t>(i)] = i;
+    MPI_Group_translate_ranks(g, n, ranks.data(), w, world.data());
+    MPI_Group_free(&g);
+    MPI_Group_free(&w);
+    return fnv1a(world.data(), world.size() * sizeof(int), fnv_basis ^ static_cast<std::uint64_t>(n));
+}
+
+/// A number for a new averager on comm, the same on every rank of it, and
+/// the buckets of averagers on comm's ranks that every rank dropped (none
+/// viewed) freed, in the order they were made. Collective, after the
+/// averager's agreement: one small allreduce, a second when some were dropped.
+std::uint64_t number_and_reclaim(MPI_Comm comm, std::uint64_t members, const char* call) {
+    static std::atomic<std::uint64_t> last{0};
+    DroppedList& d = dropped();
+    std::vector<std::uint64_t> mine;  // ids this rank can free now
+    if (std::uncaught_exceptions() == 0 && !detail::collective_frees_deferred()) {
+        std::lock_guard lk(d.m);
+        for (const Dropped& e : d.list)
+            if (e.members == members &&
+                std::all_of(e.mems.begin(), e.mems.end(), [](const auto& p) { return p.use_count() == 1; }))
+                mine.push_back(e.id);
+    }
+    std::sort(mine.begin(), mine.end());
+    constexpr auto none = std::numeric_limits<std::int64_t>::min();
+    // max over ranks of: the next number, -(has some), the lowest, -(the highest)
+    std::array<std::int64_t, 4> v{static_cast<std::int64_t>(last.load() + 1), mine.empty() ? 0 : -1,
+                                  mine.empty() ? none : static_cast<std::int64_t>(mine.front()),
+                                  mine.empty() ? none : -static_cast<std::int64_t>(mine.back())};
+    detail::allreduce(MPI_IN_PLACE, v.data(), v.size(), MPI_INT64_T, TypeClass::integer, Op::max, comm, call);
+    const auto id = static_cast<std::uint64_t>(v[0]);
+    for (std::uint64_t was = last.load(); was < id && !last.compare_exchange_weak(was, id);) {
+    }
+    if (v[1] != -1) return id;  // some rank has none to free
+    std::int64_t lo = v[2];
+    const std::int64_t hi = -v[3];
+    if (lo > hi) return id;
+    constexpr std::int64_t kMaxSpan = 1 << 16;  // the rest at a later averager
+    lo = std::max(lo, hi - kMaxSpan + 1);
+    std::vector<int> all(static_cast<std::size_t>(hi - lo + 1), 0);
+    for (std::uint64_t k : mine)
+        if (static_cast<std::int64_t>(k) >= lo && static_cast<std::int64_t>(k) <= hi)
+            all[static_cast<std::size_t>(static_cast<std::int64_t>(k) - lo)] = 1;
+    detail::allreduce(MPI_IN_PLACE, all.data(), all.size(), MPI_INT, TypeClass::integer, Op::min, comm, call);
+    std::vector<Dropped> freeing;
+    {
+        std::lock_guard lk(d.m);
+        for (auto it = d.list.begin(); it != d.list.end();) {
+            const auto k = static_cast<std::int64_t>(it->id);
+            if (it->members == members && k >= lo && k <= hi && all[static_cast<std::size_t>(k - lo)]) {
+                freeing.push_back(std::move(*it));
+                it = d.list.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+    std::sort(freeing.begin(), freeing.end(), [](const Dropped& a, const Dropped& b) { return a.id < b.id; });
+    const detail::FreesAgreed agreed;  // just agreed, on every rank of comm
+    for (Dropped& e : freeing) e.mems.clear();  // in the order they were kept
+    return id;
 }
 
 /// The averaged gradient v (a view of a bucket) in the layout of the
@@ -1374,7 +1477,13 @@ struct GradAveragerImpl {
     ViewState views;
     GradState packed;
     std::unique_ptr<Overlap> overlap;  // before packed in destruction: it runs packed's plan
+    Dropped number;  // members and id (0: one rank), for buckets kept at destruction
     ~GradAveragerImpl() {
+        struct Dropping {
+            const Dropped* outer = dropping;
+            explicit Dropping(const Dropped* d) { dropping = d; }
+            ~Dropping() { dropping = outer; }
+        } mark(number.id ? &number : nullptr);
         overlap.reset();
         if (!views.buckets.empty()) release_views(views);
         // Freed as the views' buckets are: after an agreement mpiml sees (a
@@ -1407,7 +1516,12 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
                                                         const std::vector<std::string>& descs,
                                                         const std::vector<std::string>& names) {
     const int size = num_procs(comm);
-    if (size > 1) agree_averager(asked, descs, comm, kAveragerCall);
+    Dropped number;
+    if (size > 1) {
+        agree_averager(asked, descs, comm, kAveragerCall);
+        number.members = members_of(comm);
+        number.id = number_and_reclaim(comm, number.members, kAveragerCall);
+    }
     AvgGradsOptions opts = asked;  // alike on every rank (agreed)
     if (opts.overlap) {  // alike on every rank (agreed): before any other collective
         int provided = MPI_THREAD_SINGLE;
@@ -1423,6 +1537,7 @@ std::unique_ptr<detail::GradAveragerImpl> make_averager(const std::vector<at::Te
     if (opts.overlap && size > 1 && !opts.overlap_on_one_node && !spans_nodes(comm))
         opts.overlap = false;  // one node: nothing to hide (see AvgGradsOptions::overlap)
     auto impl = std::make_unique<detail::GradAveragerImpl>();
+    impl->number = std::move(number);
     impl->comm = comm;
     impl->size = size;
     const auto label = [&](std::size_t i) { return param_label(i, i < names.size() ? names[i] : ""); };

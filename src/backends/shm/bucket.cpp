@@ -193,6 +193,7 @@ bool collective_frees_deferred() noexcept {
     return frees_deferred_here > 0 || frees_deferred.load(std::memory_order_relaxed);
 }
 bool process_frees_deferred() noexcept { return frees_deferred.load(std::memory_order_relaxed); }
+std::size_t shared_bucket_count() noexcept { return bucket_count.load(std::memory_order_relaxed); }
 DeferFrees::DeferFrees() noexcept { ++frees_deferred_here; }
 DeferFrees::~DeferFrees() { --frees_deferred_here; }
 FreesAgreed::FreesAgreed() noexcept { ++frees_agreed; }
